@@ -1,0 +1,32 @@
+# One way to set up, run and test. Every target creates .venv on first use.
+#   make demo    the main job: a short PER-vs-uniform comparison and the quick benchmark
+#   make test    the test suite (what CI runs)
+#   make bench   the full replay benchmark (long; writes benchmarks/results/)
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+demo: $(STAMP)
+	$(BIN)/hetero-replay demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_replay.py
+
+# Reinstall when the build or the C++ changes; Python edits are live (editable install).
+$(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*.cpp csrc/*/*.hpp)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# The CPU build of torch first: a bare `torch` requirement pulls a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev,bench]"
+	touch $@
+
+clean:
+	rm -rf $(VENV) build

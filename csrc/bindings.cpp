@@ -1,0 +1,265 @@
+// pybind11 module hetero_replay._native: the C++ sum tree and hot-path helpers.
+//
+// Arrays arrive as NumPy arrays (torch/CuPy users pass numpy views); the
+// module depends on pybind11 and the standard library only, never on libtorch.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <mutex>
+#include <shared_mutex>
+
+#include "hetero_replay/kary_tree.hpp"
+#include "hetero_replay/priority_transform.hpp"
+
+namespace py = pybind11;
+using namespace hetero_replay;
+
+namespace {
+
+using IndexArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using DoubleArray = py::array_t<double, py::array::c_style | py::array::forcecast>;
+
+py::array as_1d(py::handle obj, const char* what) {
+  py::array arr = py::array::ensure(obj);
+  if (!arr) throw py::type_error(std::string(what) + " must be array-like");
+  if (arr.ndim() != 1)
+    throw py::value_error(std::string(what) + " must be 1-D, got " + std::to_string(arr.ndim()) +
+                          "-D");
+  return arr;
+}
+
+char kind_of(const py::array& arr) { return arr.dtype().kind(); }
+
+IndexArray as_indices(py::handle obj) {
+  py::array arr = as_1d(obj, "indices");
+  const char k = kind_of(arr);
+  if (arr.size() > 0 && k != 'i' && k != 'u')
+    throw py::type_error("indices must be integers, got dtype " +
+                         py::str(arr.dtype()).cast<std::string>());
+  return IndexArray::ensure(arr);
+}
+
+void require_numeric(const py::array& arr, const char* what) {
+  const char k = kind_of(arr);
+  if (arr.size() > 0 && k != 'f' && k != 'i' && k != 'u')
+    throw py::type_error(std::string(what) + " must be real numbers, got dtype " +
+                         py::str(arr.dtype()).cast<std::string>());
+}
+
+// A tree plus what the bindings need around it: the value dtype and a cache of
+// the NumPy bit generator that `sample` draws from.
+struct PySumTree {
+  std::unique_ptr<SumTreeBase> tree;
+  py::object rng;            // last Generator seen
+  py::object rng_lock;       // its bit generator's lock
+  void* rng_state = nullptr;
+  double (*next_double)(void*) = nullptr;
+
+  bool float64() const { return tree->value_bytes() == 8; }
+  py::dtype dtype() const { return float64() ? py::dtype::of<double>() : py::dtype::of<float>(); }
+
+  py::array values_as_dtype(py::handle obj, const char* what) const {
+    py::array arr = as_1d(obj, what);
+    require_numeric(arr, what);
+    if (float64()) return py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(arr);
+    return py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(arr);
+  }
+
+  // NumPy exposes each bit generator's C `next_double` through ctypes; drawing
+  // through it gives the same stream as `rng.random(n)`, so every backend turns
+  // one seed into the same uniforms.
+  void bind_rng(py::handle generator) {
+    if (rng && rng.is(generator)) return;
+    if (!py::hasattr(generator, "bit_generator"))
+      throw py::type_error("rng must be a numpy.random.Generator");
+    py::object bitgen = generator.attr("bit_generator");
+    py::object iface = bitgen.attr("ctypes");
+    py::module_ ctypes = py::module_::import("ctypes");
+    const uintptr_t fn =
+        ctypes.attr("cast")(iface.attr("next_double"), ctypes.attr("c_void_p")).attr("value").cast<uintptr_t>();
+    rng_state = reinterpret_cast<void*>(iface.attr("state_address").cast<uintptr_t>());
+    next_double = reinterpret_cast<double (*)(void*)>(fn);
+    rng_lock = bitgen.attr("lock");
+    rng = py::reinterpret_borrow<py::object>(generator);
+  }
+
+  // Small batches call next_double directly (no Python call); large ones let
+  // NumPy fill the buffer with its inlined loop. Both give the same stream.
+  py::array_t<double> draw_uniforms(int64_t n) {
+    py::array_t<double> u(n);
+    if (n >= 256) {
+      rng.attr("random")(py::arg("out") = u);
+      return u;
+    }
+    double* p = u.mutable_data();
+    rng_lock.attr("acquire")();
+    for (int64_t i = 0; i < n; ++i) p[i] = next_double(rng_state);
+    rng_lock.attr("release")();
+    return u;
+  }
+};
+
+std::unique_ptr<PySumTree> make_py_tree(int64_t capacity, int fanout, py::object dtype) {
+  const py::dtype dt = py::dtype::from_args(dtype);
+  const bool f64 = dt.equal(py::dtype::of<double>());
+  if (!f64 && !dt.equal(py::dtype::of<float>()))
+    throw py::value_error("dtype must be float32 or float64, got " + py::str(dt).cast<std::string>());
+  auto t = std::make_unique<PySumTree>();
+  t->tree = make_kary_tree(capacity, fanout, f64);
+  return t;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "C++ K-ary sum tree (OpenMP) and hot-path helpers of hetero_replay.";
+
+  m.def("openmp_enabled", &openmp_enabled, "Whether the extension was built with OpenMP.");
+  m.def("num_threads", &num_threads, "Threads used by batch operations.");
+  m.def("set_num_threads", &set_num_threads, py::arg("n"),
+        "Sets the threads used by batch operations (1 = serial; ignored without OpenMP).");
+
+  m.def(
+      "priorities_from_td",
+      [](py::handle td_obj, double alpha, double eps, py::object dtype) {
+        py::array td_any = as_1d(td_obj, "td_errors");
+        require_numeric(td_any, "td_errors");
+        DoubleArray td = DoubleArray::ensure(td_any);
+        const bool f64 = py::dtype::from_args(dtype).equal(py::dtype::of<double>());
+        const int64_t n = td.size();
+        py::array out = f64 ? py::array(py::dtype::of<double>(), n) : py::array(py::dtype::of<float>(), n);
+        double max_raw;
+        {
+          py::gil_scoped_release nogil;
+          max_raw = f64 ? priorities_from_td(td.data(), n, alpha, eps, static_cast<double*>(out.mutable_data()))
+                        : priorities_from_td(td.data(), n, alpha, eps, static_cast<float*>(out.mutable_data()));
+        }
+        return py::make_tuple(out, max_raw);
+      },
+      py::arg("td_errors"), py::arg("alpha"), py::arg("eps"), py::arg("dtype"),
+      "Validates |TD errors| and returns ((td + eps) ** alpha as `dtype`, max(td + eps)).");
+
+  py::class_<PySumTree>(m, "SumTree", R"doc(
+K-ary sum tree over `capacity` leaves with an exact minimum of the positive leaves.
+
+Each sibling group of `fanout` values is one cache line (float32, fanout 16).
+Batch operations release the GIL and use OpenMP above a few hundred items;
+writers and readers are serialised by an internal reader/writer lock.
+)doc")
+      .def(py::init(&make_py_tree), py::arg("capacity"), py::arg("fanout") = 16,
+           py::arg("dtype") = "float32")
+      .def_property_readonly("capacity", [](const PySumTree& t) { return t.tree->capacity(); })
+      .def_property_readonly("fanout", [](const PySumTree& t) { return t.tree->fanout(); })
+      .def_property_readonly("dtype", &PySumTree::dtype)
+      .def_property_readonly("num_levels", [](const PySumTree& t) { return t.tree->num_levels(); })
+      .def("total", [](const PySumTree& t) {
+             std::shared_lock lock(t.tree->mutex());
+             return t.tree->total();
+           }, "Sum of all leaves (float64).")
+      .def("min", [](const PySumTree& t) {
+             std::shared_lock lock(t.tree->mutex());
+             return t.tree->min();
+           }, "Smallest leaf > 0, or inf if there is none.")
+      .def(
+          "update",
+          [](PySumTree& t, py::handle idx_obj, py::handle val_obj) {
+            IndexArray idx = as_indices(idx_obj);
+            py::array val = t.values_as_dtype(val_obj, "priorities");
+            if (val.size() != idx.size())
+              throw py::value_error("got " + std::to_string(idx.size()) + " indices but " +
+                                    std::to_string(val.size()) + " priorities");
+            py::gil_scoped_release nogil;
+            std::unique_lock lock(t.tree->mutex());
+            t.tree->update(idx.data(), val.data(), idx.size());
+          },
+          py::arg("indices"), py::arg("priorities"),
+          "Sets leaves[indices] = priorities (last write wins for repeated indices).")
+      .def(
+          "get",
+          [](const PySumTree& t, py::handle idx_obj) {
+            IndexArray idx = as_indices(idx_obj);
+            py::array out(t.dtype(), idx.size());
+            void* o = out.mutable_data();
+            py::gil_scoped_release nogil;
+            std::shared_lock lock(t.tree->mutex());
+            t.tree->get(idx.data(), idx.size(), o);
+            return out;
+          },
+          py::arg("indices"), "Leaf values at `indices`.")
+      .def(
+          "find",
+          [](const PySumTree& t, py::handle mass_obj) {
+            py::array any = as_1d(mass_obj, "mass");
+            require_numeric(any, "mass");
+            DoubleArray mass = DoubleArray::ensure(any);
+            IndexArray out(mass.size());
+            int64_t* o = out.mutable_data();
+            py::gil_scoped_release nogil;
+            std::shared_lock lock(t.tree->mutex());
+            t.tree->find(mass.data(), mass.size(), o);
+            return out;
+          },
+          py::arg("mass"), "Leaf whose prefix-sum interval holds each mass in [0, total).")
+      .def(
+          "sample",
+          [](PySumTree& t, int64_t batch_size, py::handle rng, double beta, bool stratified) {
+            if (batch_size <= 0)
+              throw py::value_error("batch_size must be > 0, got " + std::to_string(batch_size));
+            t.bind_rng(rng);
+            py::array_t<double> u = t.draw_uniforms(batch_size);
+            IndexArray idx(batch_size);
+            py::array_t<float> w(batch_size);
+            int64_t* io = idx.mutable_data();
+            float* wo = w.mutable_data();
+            {
+              py::gil_scoped_release nogil;
+              std::shared_lock lock(t.tree->mutex());
+              t.tree->sample(u.data(), batch_size, stratified, beta, io, wo);
+            }
+            return py::make_tuple(idx, w);
+          },
+          py::arg("batch_size"), py::arg("rng"), py::arg("beta"), py::arg("stratified") = true,
+          "Draws `batch_size` leaves with probability leaf / total using `rng` "
+          "(a numpy Generator) and returns (indices, IS weights (min / leaf) ** beta).")
+      .def("leaves", [](const PySumTree& t) {
+             py::array out(t.dtype(), t.tree->capacity());
+             void* o = out.mutable_data();
+             py::gil_scoped_release nogil;
+             std::shared_lock lock(t.tree->mutex());
+             t.tree->leaves(o);
+             return out;
+           }, "Copy of all `capacity` leaves.")
+      .def(
+          "load_leaves",
+          [](PySumTree& t, py::handle val_obj) {
+            py::array val = t.values_as_dtype(val_obj, "leaves");
+            if (val.size() != t.tree->capacity())
+              throw py::value_error("expected " + std::to_string(t.tree->capacity()) +
+                                    " leaves, got " + std::to_string(val.size()));
+            py::gil_scoped_release nogil;
+            std::unique_lock lock(t.tree->mutex());
+            t.tree->load_leaves(val.data());
+          },
+          py::arg("leaves"), "Replaces all leaves and rebuilds the tree in O(capacity).")
+      .def(py::pickle(
+          [](const PySumTree& t) {
+            py::array leaves(t.dtype(), t.tree->capacity());
+            {
+              std::shared_lock lock(t.tree->mutex());
+              t.tree->leaves(leaves.mutable_data());
+            }
+            return py::make_tuple(t.tree->capacity(), t.tree->fanout(), t.dtype(), leaves);
+          },
+          [](py::tuple s) {
+            if (s.size() != 4) throw std::runtime_error("invalid SumTree pickle state");
+            auto t = make_py_tree(s[0].cast<int64_t>(), s[1].cast<int>(), s[2]);
+            py::array val = t->values_as_dtype(s[3], "leaves");
+            t->tree->load_leaves(val.data());
+            return t;
+          }))
+      .def("__repr__", [](const PySumTree& t) {
+        return "SumTree(capacity=" + std::to_string(t.tree->capacity()) +
+               ", fanout=" + std::to_string(t.tree->fanout()) + ", dtype=" +
+               (t.float64() ? "float64" : "float32") + ")";
+      });
+}

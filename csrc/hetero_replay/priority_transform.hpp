@@ -1,0 +1,32 @@
+// |TD error| -> stored priority (|delta| + eps)^alpha, validated in one pass.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace hetero_replay {
+
+// Writes (td[i] + eps)^alpha to out[i] and returns max_i (td[i] + eps), the raw
+// priority that new transitions inherit. Throws before writing anything if an
+// entry is NaN, infinite or negative.
+template <typename T>
+double priorities_from_td(const double* td, int64_t n, double alpha, double eps, T* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(td[i] >= 0.0) || std::isinf(td[i])) {
+      const std::string what = std::isnan(td[i]) ? "nan" : std::to_string(td[i]);
+      throw std::invalid_argument("TD error at position " + std::to_string(i) + " is " + what +
+                                  "; pass finite magnitudes |TD error| >= 0");
+    }
+  }
+  double max_raw = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double raw = td[i] + eps;
+    max_raw = raw > max_raw ? raw : max_raw;
+    out[i] = static_cast<T>(std::pow(raw, alpha));
+  }
+  return max_raw;
+}
+
+}  // namespace hetero_replay
