@@ -4,12 +4,13 @@
 // module depends on pybind11 and the standard library only, never on libtorch.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 
 #include "hetero_replay/kary_tree.hpp"
-#include "hetero_replay/priority_transform.hpp"
 
 namespace py = pybind11;
 using namespace hetero_replay;
@@ -119,26 +120,6 @@ PYBIND11_MODULE(_native, m) {
   m.def("set_num_threads", &set_num_threads, py::arg("n"),
         "Sets the threads used by batch operations (1 = serial; ignored without OpenMP).");
 
-  m.def(
-      "priorities_from_td",
-      [](py::handle td_obj, double alpha, double eps, py::object dtype) {
-        py::array td_any = as_1d(td_obj, "td_errors");
-        require_numeric(td_any, "td_errors");
-        DoubleArray td = DoubleArray::ensure(td_any);
-        const bool f64 = py::dtype::from_args(dtype).equal(py::dtype::of<double>());
-        const int64_t n = td.size();
-        py::array out = f64 ? py::array(py::dtype::of<double>(), n) : py::array(py::dtype::of<float>(), n);
-        double max_raw;
-        {
-          py::gil_scoped_release nogil;
-          max_raw = f64 ? priorities_from_td(td.data(), n, alpha, eps, static_cast<double*>(out.mutable_data()))
-                        : priorities_from_td(td.data(), n, alpha, eps, static_cast<float*>(out.mutable_data()));
-        }
-        return py::make_tuple(out, max_raw);
-      },
-      py::arg("td_errors"), py::arg("alpha"), py::arg("eps"), py::arg("dtype"),
-      "Validates |TD errors| and returns ((td + eps) ** alpha as `dtype`, max(td + eps)).");
-
   py::class_<PySumTree>(m, "SumTree", R"doc(
 K-ary sum tree over `capacity` leaves with an exact minimum of the positive leaves.
 
@@ -174,6 +155,26 @@ writers and readers are serialised by an internal reader/writer lock.
           },
           py::arg("indices"), py::arg("priorities"),
           "Sets leaves[indices] = priorities (last write wins for repeated indices).")
+      .def(
+          "update_td",
+          [](PySumTree& t, py::handle idx_obj, py::handle td_obj, double alpha, double eps,
+             std::optional<int64_t> limit) {
+            IndexArray idx = as_indices(idx_obj);
+            py::array td_any = as_1d(td_obj, "td_errors");
+            require_numeric(td_any, "td_errors");
+            DoubleArray td = DoubleArray::ensure(td_any);
+            if (td.size() != idx.size())
+              throw py::value_error("got " + std::to_string(idx.size()) + " indices but " +
+                                    std::to_string(td.size()) + " TD errors");
+            py::gil_scoped_release nogil;
+            std::unique_lock lock(t.tree->mutex());
+            return t.tree->update_td(idx.data(), td.data(), idx.size(), alpha, eps,
+                                     limit.value_or(t.tree->capacity()));
+          },
+          py::arg("indices"), py::arg("td_errors"), py::arg("alpha"), py::arg("eps"),
+          py::arg("limit") = py::none(),
+          "Sets leaves[indices] = (td + eps) ** alpha from |TD errors| and returns max(td + eps). "
+          "Indices must lie in [0, limit) (default: capacity).")
       .def(
           "get",
           [](const PySumTree& t, py::handle idx_obj) {

@@ -14,7 +14,7 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-from hetero_replay import _native, checkpoint
+from hetero_replay import checkpoint
 from hetero_replay.storage import HostStorage, Schema
 from hetero_replay.trees import SumTree, make_tree
 
@@ -166,16 +166,8 @@ class PrioritizedReplay:
         naming its position, an index outside the filled part of the buffer
         raises ``IndexError``; either way no priority changes.
         """
-        if self._size < self.capacity:
-            idx = np.asarray(indices)
-            if idx.size and idx.dtype.kind in "iu" and idx.max(initial=0) >= self._size:
-                i = int(np.argmax(idx >= self._size))
-                raise IndexError(
-                    f"index at position {i} is {int(idx.flat[i])}, but only {self._size} "
-                    "transitions are stored"
-                )
-        priorities, max_raw = _native.priorities_from_td(td_errors, self._alpha, self.eps, self.tree.dtype)
-        self.tree.update(indices, priorities)
+        limit = None if self._size == self.capacity else self._size
+        max_raw = self.tree.update_td(indices, td_errors, self._alpha, self.eps, limit)
         if max_raw > self._max_priority:
             self._max_priority = max_raw
 

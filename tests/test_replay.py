@@ -112,7 +112,7 @@ def test_schema_from_spaces():
         ([1.0, np.nan, 1.0], ValueError, "position 1"),
         ([np.inf, 1.0, 1.0], ValueError, "position 0"),
         ([1.0, 1.0, -0.1], ValueError, "position 2"),
-        ([1.0, 1.0], ValueError, "3 indices but 2"),
+        ([1.0, 1.0], ValueError, "3 indices but 2 TD errors"),
     ],
 )
 def test_bad_td_errors(buf, td, error, match):

@@ -221,3 +221,18 @@ def test_trees_pickle(backend):
     tree.update([1, 5, 32], [0.5, 2.0, 1.0])
     clone = pickle.loads(pickle.dumps(tree))
     assert_same_tree(tree, clone, 0)
+
+
+def test_update_td_matches_reference_and_respects_limit(backend):
+    ref, tree = make_tree("numpy", 50), make_tree(backend, 50)
+    td = np.array([0.0, 0.5, 2.0, 7.5])
+    for t in (ref, tree):
+        assert t.update_td([1, 2, 3, 2], td, 0.6, 1e-6) == pytest.approx(7.5 + 1e-6)
+    np.testing.assert_allclose(tree.leaves(), ref.leaves(), rtol=1e-6)
+    np.testing.assert_allclose(tree.get([1, 2]), [1e-6**0.6, (7.5 + 1e-6) ** 0.6], rtol=1e-6)
+    before = tree.leaves()
+    with pytest.raises(IndexError, match=r"position 1 is 10, outside \[0, 10\)"):
+        tree.update_td([3, 10], [1.0, 1.0], 0.6, 1e-6, limit=10)
+    with pytest.raises(ValueError, match="TD error at position 0 is -1"):
+        tree.update_td([3, 4], [-1.0, 1.0], 0.6, 1e-6)
+    np.testing.assert_array_equal(tree.leaves(), before)

@@ -28,6 +28,7 @@
 #endif
 
 #include "descent.hpp"
+#include "priority_transform.hpp"
 
 namespace hetero_replay {
 
@@ -98,6 +99,10 @@ class SumTreeBase {
   // `values` point to the tree's value type. All inputs are validated before
   // anything is written: on error the tree is unchanged.
   virtual void update(const int64_t* idx, const void* values, int64_t n) = 0;
+  // Leaves from |TD errors|: (td + eps)^alpha; indices must lie in [0, limit).
+  // Returns max(td + eps). Validates everything before writing.
+  virtual double update_td(const int64_t* idx, const double* td, int64_t n, double alpha,
+                           double eps, int64_t limit) = 0;
   virtual void load_leaves(const void* values) = 0;  // all `capacity` leaves
   virtual void get(const int64_t* idx, int64_t n, void* out) const = 0;
   virtual void leaves(void* out) const = 0;
@@ -179,6 +184,15 @@ class KaryTree final : public SumTreeBase {
     refresh_root();
   }
 
+  double update_td(const int64_t* idx, const double* td, int64_t n, double alpha, double eps,
+                   int64_t limit) override {
+    validate_indices(idx, n, std::min(limit, capacity_));
+    std::vector<T> priorities(static_cast<size_t>(n));
+    const double max_raw = priorities_from_td(td, n, alpha, eps, priorities.data());
+    update(idx, priorities.data(), n);
+    return max_raw;
+  }
+
   void load_leaves(const void* values) override {
     const T* v = static_cast<const T*>(values);
     validate_values(v, capacity_);
@@ -242,12 +256,14 @@ class KaryTree final : public SumTreeBase {
       throw std::invalid_argument("the tree holds no priority mass (all priorities are 0)");
   }
 
-  void validate_indices(const int64_t* idx, int64_t n) const {
+  void validate_indices(const int64_t* idx, int64_t n) const { validate_indices(idx, n, capacity_); }
+
+  static void validate_indices(const int64_t* idx, int64_t n, int64_t limit) {
     for (int64_t i = 0; i < n; ++i) {
-      if (idx[i] < 0 || idx[i] >= capacity_)
+      if (idx[i] < 0 || idx[i] >= limit)
         throw std::out_of_range("index at position " + std::to_string(i) + " is " +
-                                std::to_string(idx[i]) + ", outside [0, " +
-                                std::to_string(capacity_) + ")");
+                                std::to_string(idx[i]) + ", outside [0, " + std::to_string(limit) +
+                                ")");
     }
   }
 

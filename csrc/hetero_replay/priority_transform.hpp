@@ -24,7 +24,10 @@ double priorities_from_td(const double* td, int64_t n, double alpha, double eps,
   for (int64_t i = 0; i < n; ++i) {
     const double raw = td[i] + eps;
     max_raw = raw > max_raw ? raw : max_raw;
-    out[i] = static_cast<T>(std::pow(raw, alpha));
+    // float32 trees take the power in float32: 2x faster, and the value is
+    // stored as float32 anyway.
+    if constexpr (sizeof(T) == 4) out[i] = powf(static_cast<float>(raw), static_cast<float>(alpha));
+    else out[i] = std::pow(raw, alpha);
   }
   return max_raw;
 }

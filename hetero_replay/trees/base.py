@@ -37,6 +37,18 @@ class SumTree(Protocol):
         for a NaN, infinite or negative priority; in both cases nothing is written.
         """
 
+    def update_td(
+        self, indices: Any, td_errors: Any, alpha: float, eps: float, limit: int | None = None
+    ) -> float:
+        """The PER priority update: ``leaf[indices] = (td + eps) ** alpha``.
+
+        ``td_errors`` are magnitudes ``|TD error|``. Returns ``max(td + eps)`` (the
+        raw priority new transitions inherit). Indices must lie in
+        ``[0, limit)`` (default ``capacity``). A NaN, infinite or negative TD
+        error raises ``ValueError`` naming its position, a bad index
+        ``IndexError``; nothing is written on error.
+        """
+
     def get(self, indices: Any) -> np.ndarray:
         """Leaf values at ``indices``."""
 

@@ -31,7 +31,7 @@ def _as_1d(values: Any, what: str) -> np.ndarray:
 
 
 def as_indices(indices: Any, capacity: int) -> np.ndarray:
-    """Indices as int64, or ``TypeError``/``IndexError`` naming the first bad one."""
+    """Indices in ``[0, capacity)`` as int64, or ``TypeError``/``IndexError`` naming the first bad one."""
     arr = _as_1d(indices, "indices")
     if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"indices must be integers, got dtype {arr.dtype}")
@@ -59,6 +59,24 @@ def as_priorities(values: Any, dtype: np.dtype, n: int | None = None) -> np.ndar
             f"priority at position {i} is {arr[i]}; priorities must be finite and >= 0"
         )
     return arr
+
+
+def priorities_from_td(td_errors: Any, n: int, alpha: float, eps: float, dtype: np.dtype) -> tuple[np.ndarray, float]:
+    """``(td + eps) ** alpha`` as ``dtype`` and ``max(td + eps)``; ``ValueError`` on a bad entry."""
+    td = _as_1d(td_errors, "td_errors")
+    if td.size and td.dtype.kind not in "fiu":
+        raise TypeError(f"td_errors must be real numbers, got dtype {td.dtype}")
+    if td.size != n:
+        raise ValueError(f"got {n} indices but {td.size} TD errors")
+    td = td.astype(np.float64)
+    bad = np.flatnonzero(~(np.isfinite(td) & (td >= 0)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"TD error at position {i} is {td[i]}; pass finite magnitudes |TD error| >= 0")
+    raw = td + eps
+    if dtype == np.float32:  # as the C++ backend: the power in float32
+        return np.power(raw.astype(np.float32), np.float32(alpha)), float(raw.max(initial=0.0))
+    return np.power(raw, alpha), float(raw.max(initial=0.0))
 
 
 def choose_children(prefix: np.ndarray, mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -142,6 +160,15 @@ class NumpySumTree:
             self._recompute(level, nodes)
             nodes = np.unique(nodes // self._k)
         self._refresh_root()
+
+    def update_td(
+        self, indices: Any, td_errors: Any, alpha: float, eps: float, limit: int | None = None
+    ) -> float:
+        bound = self._capacity if limit is None else min(limit, self._capacity)
+        idx = as_indices(indices, bound)
+        priorities, max_raw = priorities_from_td(td_errors, len(idx), alpha, eps, self._dtype)
+        self.update(idx, priorities)
+        return max_raw
 
     def load_leaves(self, leaves: Any) -> None:
         val = as_priorities(leaves, self._dtype)
