@@ -10,6 +10,7 @@
 #include <optional>
 #include <shared_mutex>
 
+#include "hetero_replay/gather.hpp"
 #include "hetero_replay/kary_tree.hpp"
 
 namespace py = pybind11;
@@ -100,6 +101,57 @@ struct PySumTree {
   }
 };
 
+// Each source: an array whose rows are `stride` bytes apart and whose row
+// content is contiguous. Holds references so the memory outlives it.
+struct PyRowGather {
+  std::vector<py::array> sources;
+  std::vector<RowField> fields;
+  int64_t rows = 0;
+
+  explicit PyRowGather(const py::list& arrays) {
+    for (py::handle h : arrays) {
+      if (!py::isinstance<py::array>(h)) throw py::type_error("RowGather sources must be numpy arrays");
+      py::array a = py::reinterpret_borrow<py::array>(h);
+      if (a.ndim() < 1) throw py::value_error("RowGather sources need a leading row axis");
+      int64_t bytes = a.itemsize();
+      for (py::ssize_t d = a.ndim() - 1; d >= 1; --d) {  // rows must be contiguous inside
+        if (a.shape(d) > 1 && a.strides(d) != bytes)
+          throw py::value_error("RowGather: the rows of each source must be contiguous");
+        bytes *= a.shape(d);
+      }
+      if (!sources.empty() && a.shape(0) != rows)
+        throw py::value_error("RowGather: sources differ in their number of rows");
+      rows = a.shape(0);
+      sources.push_back(a);
+      fields.push_back({static_cast<const char*>(a.data()), a.strides(0), bytes});
+    }
+  }
+
+  py::list gather(py::handle idx_obj) const {
+    IndexArray idx = as_indices(idx_obj);
+    const int64_t n = idx.size();
+    const int64_t* ix = idx.data();
+    for (int64_t i = 0; i < n; ++i)
+      if (ix[i] < 0 || ix[i] >= rows)
+        throw py::index_error("index at position " + std::to_string(i) + " is " +
+                              std::to_string(ix[i]) + ", outside [0, " + std::to_string(rows) + ")");
+    py::list outs;
+    std::vector<char*> out_ptrs;
+    for (const py::array& a : sources) {
+      std::vector<py::ssize_t> shape(a.shape(), a.shape() + a.ndim());
+      shape[0] = n;
+      py::array out(a.dtype(), shape);
+      out_ptrs.push_back(static_cast<char*>(out.mutable_data()));
+      outs.append(out);
+    }
+    {
+      py::gil_scoped_release nogil;
+      gather_rows(fields, out_ptrs, ix, n, n >= 1024 ? num_threads() : 1);
+    }
+    return outs;
+  }
+};
+
 std::unique_ptr<PySumTree> make_py_tree(int64_t capacity, int fanout, py::object dtype) {
   const py::dtype dt = py::dtype::from_args(dtype);
   const bool f64 = dt.equal(py::dtype::of<double>());
@@ -119,6 +171,15 @@ PYBIND11_MODULE(_native, m) {
   m.def("num_threads", &num_threads, "Threads used by batch operations.");
   m.def("set_num_threads", &set_num_threads, py::arg("n"),
         "Sets the threads used by batch operations (1 = serial; ignored without OpenMP).");
+
+  py::class_<PyRowGather>(m, "RowGather", R"doc(
+Gathers rows of several arrays that share a leading row axis (e.g. the fields of
+a transition store, contiguous or interleaved in one record array). Rows of the
+next samples are prefetched and large batches use several threads.
+)doc")
+      .def(py::init<py::list>(), py::arg("sources"))
+      .def("__call__", &PyRowGather::gather, py::arg("indices"),
+           "New arrays holding rows `indices` of each source.");
 
   py::class_<PySumTree>(m, "SumTree", R"doc(
 K-ary sum tree over `capacity` leaves with an exact minimum of the positive leaves.

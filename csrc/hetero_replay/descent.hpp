@@ -93,12 +93,27 @@ HR_HD void group_prefix(const T* c, double* prefix) {
   }
 }
 
-// The same choice made from the node values themselves (prefix taken here).
+// The same choice made from the node values themselves: the prefix sums are
+// taken on the fly (same order, same bits), counting as they grow, so nothing
+// goes through memory.
 template <typename T, int K>
 HR_HD int choose_child(const T* c, double& mass) {
-  double prefix[K];
-  group_prefix<T, K>(c, prefix);
-  return choose_in_prefix<K>(prefix, mass);
+  double s = 0.0, below = 0.0;
+  int j = 0;
+  for (int k = 0; k < K; ++k) {
+    s += static_cast<double>(c[k]);
+    const bool le = s <= mass;
+    j += le ? 1 : 0;
+    below = le ? s : below;  // prefix sums never decrease: the last one <= mass
+  }
+  if (j == K) {  // at or past the end (rounding): the rare path takes the prefix sums
+    double prefix[K];
+    group_prefix<T, K>(c, prefix);
+    return choose_in_prefix<K>(prefix, mass);
+  }
+  mass -= below;
+  if (mass < 0.0) mass = 0.0;
+  return j;
 }
 
 // One full descent from the top group to a leaf. Returns the leaf index.

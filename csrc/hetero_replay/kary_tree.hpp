@@ -28,6 +28,7 @@
 #endif
 
 #include "descent.hpp"
+#include "group_simd.hpp"
 #include "priority_transform.hpp"
 
 namespace hetero_replay {
@@ -154,42 +155,17 @@ class KaryTree final : public SumTreeBase {
     const T* v = static_cast<const T*>(values);
     validate_indices(idx, n);
     validate_values(v, n);
-    if (n == 0) return;
-    next_epoch();
-    const int top = num_levels() - 1;
-    const int threads = (n >= kParallelMinUpdates && top > 0) ? num_threads() : 1;
-    if (threads == 1) {
-      update_range(idx, v, n, 0, level_size_[0], top);
-    } else {
-      // Owner computes: each thread owns a contiguous run of the nodes of a
-      // split level and everything below them, so no two threads write the
-      // same node and each keeps batch order (last write wins) for its leaves.
-      // The few nodes above the split level are then refreshed serially.
-      const int split = split_level(threads);
-      int64_t span = 1;
-      for (int l = 0; l < split; ++l) span *= K;
-      const int64_t nodes = real_nodes(split);
-#pragma omp parallel num_threads(threads)
-      {
-#ifdef _OPENMP
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-        const int64_t t = 0, nt = 1;
-#endif
-        update_range(idx, v, n, nodes * t / nt * span, nodes * (t + 1) / nt * span, split);
-      }
-      for (int l = split + 1; l <= top; ++l)
-        for (int64_t node = 0; node < real_nodes(l); ++node) recompute(l, node);
-    }
-    refresh_root();
+    apply(idx, v, n);
   }
 
   double update_td(const int64_t* idx, const double* td, int64_t n, double alpha, double eps,
                    int64_t limit) override {
     validate_indices(idx, n, std::min(limit, capacity_));
     std::vector<T> priorities(static_cast<size_t>(n));
-    const double max_raw = priorities_from_td(td, n, alpha, eps, priorities.data());
-    update(idx, priorities.data(), n);
+    const int threads = n >= kParallelMinUpdates ? num_threads() : 1;
+    const double max_raw = priorities_from_td(td, n, alpha, eps, priorities.data(), threads);
+    validate_values(priorities.data(), n);  // a huge |td| can overflow float32 to inf
+    apply(idx, priorities.data(), n);
     return max_raw;
   }
 
@@ -290,16 +266,53 @@ class KaryTree final : public SumTreeBase {
   void recompute(int l, int64_t node) {
     const int64_t base = node * K;
     if (l == 1) {
-      double s = 0.0;
-      for (int k = 0; k < K; ++k) s += static_cast<double>(values_[0][base + k]);
-      values_[1][node] = static_cast<T>(s);
-      mins_[1][node] = group_min<T, K>(values_[0].get() + base, true);
+      const T* c = values_[0].get() + base;
+      if constexpr (sizeof(T) == 4) {
+        values_[1][node] = static_cast<T>(leaf_group_sum_min<K>(c, &mins_[1][node]));
+      } else {
+        double pre[K];
+        group_prefix<T, K>(c, pre);
+        values_[1][node] = pre[K - 1];
+        mins_[1][node] = group_min<T, K>(c, true);
+      }
     } else {
       double* pre = prefix_[l - 1].get() + base;
       group_prefix<T, K>(values_[l - 1].get() + base, pre);
       values_[l][node] = static_cast<T>(pre[K - 1]);
-      mins_[l][node] = group_min<T, K>(mins_[l - 1].get() + base, false);
+      mins_[l][node] = inner_group_min<T, K>(mins_[l - 1].get() + base);
     }
+  }
+
+  // Writes validated leaves and refreshes their ancestors.
+  void apply(const int64_t* idx, const T* v, int64_t n) {
+    if (n == 0) return;
+    next_epoch();
+    const int top = num_levels() - 1;
+    const int threads = (n >= kParallelMinUpdates && top > 0) ? num_threads() : 1;
+    if (threads == 1) {
+      update_range(idx, v, n, 0, level_size_[0], top);
+    } else {
+      // Owner computes: each thread owns a contiguous run of the nodes of a
+      // split level and everything below them, so no two threads write the
+      // same node and each keeps batch order (last write wins) for its leaves.
+      // The few nodes above the split level are then refreshed serially.
+      const int split = split_level(threads);
+      int64_t span = 1;
+      for (int l = 0; l < split; ++l) span *= K;
+      const int64_t nodes = real_nodes(split);
+#pragma omp parallel num_threads(threads)
+      {
+#ifdef _OPENMP
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int64_t t = 0, nt = 1;
+#endif
+        update_range(idx, v, n, nodes * t / nt * span, nodes * (t + 1) / nt * span, split);
+      }
+      for (int l = split + 1; l <= top; ++l)
+        for (int64_t node = 0; node < real_nodes(l); ++node) recompute(l, node);
+    }
+    refresh_root();
   }
 
   // Nodes of level l that cover real leaves (the rest is padding).

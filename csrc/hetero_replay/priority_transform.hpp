@@ -11,8 +11,10 @@ namespace hetero_replay {
 // Writes (td[i] + eps)^alpha to out[i] and returns max_i (td[i] + eps), the raw
 // priority that new transitions inherit. Throws before writing anything if an
 // entry is NaN, infinite or negative.
+// Large batches split the powers across `threads`.
 template <typename T>
-double priorities_from_td(const double* td, int64_t n, double alpha, double eps, T* out) {
+double priorities_from_td(const double* td, int64_t n, double alpha, double eps, T* out,
+                          int threads = 1) {
   for (int64_t i = 0; i < n; ++i) {
     if (!(td[i] >= 0.0) || std::isinf(td[i])) {
       const std::string what = std::isnan(td[i]) ? "nan" : std::to_string(td[i]);
@@ -21,6 +23,7 @@ double priorities_from_td(const double* td, int64_t n, double alpha, double eps,
     }
   }
   double max_raw = 0.0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(max : max_raw) if (threads > 1)
   for (int64_t i = 0; i < n; ++i) {
     const double raw = td[i] + eps;
     max_raw = raw > max_raw ? raw : max_raw;
