@@ -16,6 +16,8 @@
 namespace py = pybind11;
 using namespace hetero_replay;
 
+void register_kernel_items(py::module_& m);  // csrc/kernel_items_host.cpp
+
 namespace {
 
 using IndexArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
@@ -166,11 +168,13 @@ std::unique_ptr<PySumTree> make_py_tree(int64_t capacity, int fanout, py::object
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "C++ K-ary sum tree (OpenMP) and hot-path helpers of hetero_replay.";
+  register_kernel_items(m);
 
-  m.def("openmp_enabled", &openmp_enabled, "Whether the extension was built with OpenMP.");
-  m.def("num_threads", &num_threads, "Threads used by batch operations.");
+  m.def("num_threads", &num_threads,
+        "Threads used by large batch operations (default: all hardware threads, or "
+        "$HETERO_REPLAY_NUM_THREADS).");
   m.def("set_num_threads", &set_num_threads, py::arg("n"),
-        "Sets the threads used by batch operations (1 = serial; ignored without OpenMP).");
+        "Sets the threads used by large batch operations (1 = serial).");
 
   py::class_<PyRowGather>(m, "RowGather", R"doc(
 Gathers rows of several arrays that share a leading row axis (e.g. the fields of

@@ -4,7 +4,7 @@ The core (this package) never imports SB3 or Tianshou; their adapters live in
 :mod:`hetero_replay.adapters`.
 """
 
-from hetero_replay._native import num_threads, openmp_enabled, set_num_threads
+from hetero_replay._native import num_threads, set_num_threads
 from hetero_replay.checkpoint import ReplayFileError
 from hetero_replay.replay import PrioritizedReplay, Sample
 from hetero_replay.storage import Field, HostStorage, Schema
@@ -23,6 +23,5 @@ __all__ = [
     "backends",
     "make_tree",
     "num_threads",
-    "openmp_enabled",
     "set_num_threads",
 ]

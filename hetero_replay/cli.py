@@ -1,7 +1,8 @@
 """The ``hetero-replay`` command.
 
-    hetero-replay info       what this installation has: backends, OpenMP, threads
+    hetero-replay info       what this installation has: backends, threads
     hetero-replay demo       build a buffer, run a PER learner loop, print timings
+    hetero-replay compare    stock replay vs PER in SB3 / Tianshou training runs, over seeds
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentPars
     return register
 
 
-@command("info", "show backends, OpenMP and thread settings")
+@command("info", "show backends and thread settings")
 def info(args: argparse.Namespace) -> int:
     print(f"hetero-replay {hetero_replay.__version__}")
     print(f"tree backends : {', '.join(hetero_replay.backends())}")
-    print(f"OpenMP        : {'yes' if hetero_replay.openmp_enabled() else 'no (serial build)'}")
     print(f"threads       : {hetero_replay.num_threads()}")
     return 0
 
@@ -75,6 +75,45 @@ def demo(args: argparse.Namespace) -> int:
             weights.append(batch.weights.mean())
         rate = args.steps / (time.perf_counter() - t0)
         print(f"{backend:<8} {fill:>8.2f} {rate:>10,.0f} {np.mean(weights):>10.3f} {buf.max_priority:>9.2f}")
+    return 0
+
+
+def _compare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lib", default="sb3", help="host library: sb3 or tianshou")
+    p.add_argument("--algo", default="dqn", help="dqn, ddpg, td3, sac (what the library's runner offers)")
+    p.add_argument("--env", default="CartPole-v1", help="gymnasium environment id")
+    p.add_argument("--steps", type=int, default=50_000, help="environment steps per run")
+    p.add_argument("--seeds", type=int, default=3, help="runs per variant, with seeds first-seed, first-seed+1, ...")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--n-envs", type=int, default=1, help="parallel environments per run")
+    p.add_argument("--eval-every", type=int, default=None, help="env steps between evaluations (default: steps/10)")
+    p.add_argument("--eval-episodes", type=int, default=5, help="episodes per evaluation")
+    p.add_argument("--variants", default=None, help="comma-separated subset of the runner's variants")
+    p.add_argument("--threads", type=int, default=1, help="torch and replay threads per run")
+    p.add_argument("--out", default=None, help="output folder (default: out/compare/<lib>-<algo>-<env>)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+@command("compare", "train with the stock replay and with PER over seeds; table, CSV, JSON, PNG", _compare_arguments)
+def compare(args: argparse.Namespace) -> int:
+    from hetero_replay.compare import driver, report
+
+    try:
+        specs = driver.build_specs(
+            args.lib, args.algo, args.env, args.steps,
+            seeds=range(args.first_seed, args.first_seed + args.seeds),
+            variants=None if args.variants is None else [v.strip() for v in args.variants.split(",") if v.strip()],
+            n_envs=args.n_envs, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
+            torch_threads=args.threads,
+        )  # fmt: skip
+    except (ValueError, ImportError) as e:
+        print(f"hetero-replay compare: {e}", file=sys.stderr)
+        return 2
+    results = driver.run_specs(specs, progress_bar=not args.no_progress)
+    summary = report.summarize(results)
+    print(report.format_table(results, summary))
+    out = args.out or driver.default_out_dir(args.lib, args.algo, args.env)
+    print("\nwrote " + ", ".join(report.write_all(results, summary, out)))
     return 0
 
 

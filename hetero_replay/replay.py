@@ -5,6 +5,15 @@ with probability ``P(i) = p_i^alpha / sum_k p_k^alpha`` and corrects the bias
 with importance-sampling weights ``w_i = (N P(i))^-beta / max_j w_j``. Here the
 maximum is taken over the whole buffer (from the tree's exact minimum), not
 over the sampled batch, so weights mean the same thing from batch to batch.
+
+Placement: by default transitions live in NumPy arrays on the host and
+batches come back as NumPy arrays. With ``storage=`` a torch device (or
+``"pinned"``) and/or ``device=`` the learner's device, batches come back as
+torch tensors already on that device (see
+:class:`~hetero_replay.torch_replay.TorchBatchReplay`); with a
+device tree (``tree="torch"`` or ``"cupy"`` and ``tree_device=``), sampling and
+priority updates run there too. :class:`hetero_replay.mapping.Mapping` builds
+these arguments from a device per primitive.
 """
 
 from __future__ import annotations
@@ -15,16 +24,21 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 
 from hetero_replay import checkpoint
-from hetero_replay.storage import HostStorage, Schema
+from hetero_replay.storage import HOST, HostStorage, Schema, make_storage
 from hetero_replay.trees import SumTree, make_tree
 
 
 class Sample(NamedTuple):
-    """A sampled batch: ``data[field]`` rows, their buffer ``indices``, IS ``weights``."""
+    """A sampled batch: ``data[field]`` rows, their buffer ``indices``, IS ``weights``.
 
-    data: dict[str, np.ndarray]
-    indices: np.ndarray
-    weights: np.ndarray
+    NumPy arrays from a host buffer; torch tensors from a
+    :class:`~hetero_replay.torch_replay.TorchBatchReplay` (``data`` and ``weights`` on the learner's
+    device, ``indices`` where the tree is, ready for ``update_priorities``).
+    """
+
+    data: dict[str, Any]
+    indices: Any
+    weights: Any
 
 
 class PrioritizedReplay:
@@ -46,6 +60,16 @@ class PrioritizedReplay:
             the priority mass (lower variance); ``False`` draws i.i.d.
         seed: seed of the buffer's own ``numpy.random.Generator``; the same seed
             and the same calls give the same samples.
+        tree_device: where a device tree lives (``tree="torch"``: any torch
+            device; ``"cupy"``: a CUDA device); ``None`` for the CPU trees.
+        storage: where transitions live: ``"host"`` (NumPy, the default),
+            ``"pinned"`` (page-locked host memory, asynchronous copies to a GPU)
+            or a torch device (``"cpu"``, ``"cuda"``, ...).
+        device: the learner's torch device. When set, or when ``storage`` is
+            not ``"host"``, the buffer is a
+            :class:`~hetero_replay.torch_replay.TorchBatchReplay` and
+            :meth:`sample` returns torch tensors already on this device
+            (default: the storage's device).
 
     Example:
         >>> buf = PrioritizedReplay(1000, {"obs": ((4,), "float32"), "reward": ((), "float32")}, seed=0)
@@ -53,6 +77,15 @@ class PrioritizedReplay:
         >>> batch = buf.sample(4)
         >>> buf.update_priorities(batch.indices, np.abs(np.random.randn(4)))
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "PrioritizedReplay":
+        # Buffers that hand out torch tensors are a subclass, so the NumPy path
+        # pays nothing per call for the device path's existence.
+        if cls is PrioritizedReplay and (kwargs.get("storage", HOST) != HOST or kwargs.get("device") is not None):
+            from hetero_replay.torch_replay import TorchBatchReplay
+
+            cls = TorchBatchReplay
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -66,6 +99,10 @@ class PrioritizedReplay:
         priority_dtype: Any = "float32",
         stratified: bool = True,
         seed: int | None = None,
+        *,
+        tree_device: Any = None,
+        storage: str = HOST,
+        device: Any = None,
     ) -> None:
         if not isinstance(capacity, (int, np.integer)) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
@@ -76,9 +113,15 @@ class PrioritizedReplay:
         self.eps = float(eps)
         self.stratified = bool(stratified)
         self.capacity = int(capacity)
-        self.storage = HostStorage(self.capacity, schema)
-        self.tree: SumTree = make_tree(tree, self.capacity, fanout, priority_dtype)
+        self.storage = make_storage(storage, self.capacity, schema)
+        self.tree: SumTree = make_tree(tree, self.capacity, fanout, priority_dtype, device=tree_device)
         self._tree_backend = tree
+        # How to rebuild this buffer elsewhere (load_state_dict, pickling).
+        self._placement = {
+            "tree_device": None if tree_device is None else str(tree_device),
+            "storage": str(storage),
+            "device": None if device is None else str(device),
+        }
         self.rng = np.random.default_rng(seed)
         self._pos = 0
         self._size = 0
@@ -178,7 +221,10 @@ class PrioritizedReplay:
         return self._state(copy=True)
 
     def _state(self, copy: bool) -> dict[str, Any]:
-        rows = {n: a[: self._size] for n, a in self.storage.arrays.items()}
+        if isinstance(self.storage, HostStorage):
+            rows = {n: a[: self._size] for n, a in self.storage.arrays.items()}
+        else:  # device storage: these are already fresh host copies
+            rows, copy = self.storage.host_rows(self._size), False
         return {
             "config": {
                 "capacity": self.capacity,
@@ -211,12 +257,18 @@ class PrioritizedReplay:
                 f"{cfg['capacity']} and schema {Schema.from_json(cfg['schema'])!r}; this one has "
                 f"capacity {self.capacity} and schema {self.schema!r}. Use PrioritizedReplay.from_state_dict."
             )
-        fresh = PrioritizedReplay.from_state_dict(state, tree=self._tree_backend)
+        fresh = PrioritizedReplay.from_state_dict(state, tree=self._tree_backend, **self._placement)
         self.__dict__.update(fresh.__dict__)
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, Any], tree: str = "auto") -> "PrioritizedReplay":
-        """A new buffer restored from :meth:`state_dict` output."""
+    def from_state_dict(
+        cls, state: Mapping[str, Any], tree: str = "auto", **placement: Any
+    ) -> "PrioritizedReplay":
+        """A new buffer restored from :meth:`state_dict` output.
+
+        ``placement``: ``tree_device``, ``storage`` and ``device`` as in the
+        constructor (the state itself holds no placement: it loads anywhere).
+        """
         cfg = state["config"]
         buf = cls(
             int(cfg["capacity"]),
@@ -228,6 +280,7 @@ class PrioritizedReplay:
             fanout=int(cfg["fanout"]),
             priority_dtype=cfg["priority_dtype"],
             stratified=bool(cfg["stratified"]),
+            **placement,
         )
         size, pos = int(state["size"]), int(state["position"])
         if not (0 <= size <= buf.capacity and 0 <= pos < buf.capacity and (size == buf.capacity or pos == size)):
@@ -242,7 +295,7 @@ class PrioritizedReplay:
                     f"field {name!r}: state holds {arr.dtype}{arr.shape}, "
                     f"expected {field.dtype}{(size, *field.shape)}"
                 )
-            buf.storage.arrays[name][:size] = arr
+            buf.storage.write(0, {name: arr})
         if priorities.shape != (size,):
             raise ValueError(f"priorities: expected shape ({size},), got {priorities.shape}")
         leaves = np.zeros(buf.capacity, buf.tree.dtype)
@@ -261,22 +314,26 @@ class PrioritizedReplay:
         checkpoint.write(path, state, arrays)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], tree: str = "auto") -> "PrioritizedReplay":
-        """Read a buffer written by :meth:`save`; a corrupt file raises ``ReplayFileError``."""
+    def load(cls, path: str | os.PathLike[str], tree: str = "auto", **placement: Any) -> "PrioritizedReplay":
+        """Read a buffer written by :meth:`save`; a corrupt file raises ``ReplayFileError``.
+
+        ``placement``: ``tree_device``, ``storage`` and ``device`` as in the constructor.
+        """
         header, arrays = checkpoint.read(path)
         try:
             state = dict(header)
             state["storage"] = {n[len("storage/") :]: a for n, a in arrays.items() if n.startswith("storage/")}
             state["priorities"] = arrays["priorities"]
-            return cls.from_state_dict(state, tree=tree)
+            return cls.from_state_dict(state, tree=tree, **placement)
         except (KeyError, TypeError, ValueError) as e:
             raise checkpoint.ReplayFileError(f"{path}: inconsistent replay file ({e})") from e
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"state": self.state_dict(), "tree": self._tree_backend}
+        return {"state": self.state_dict(), "tree": self._tree_backend, "placement": self._placement}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
-        self.__dict__.update(PrioritizedReplay.from_state_dict(d["state"], tree=d["tree"]).__dict__)
+        fresh = PrioritizedReplay.from_state_dict(d["state"], tree=d["tree"], **d.get("placement", {}))
+        self.__dict__.update(fresh.__dict__)
 
 
 def _check_beta(value: float) -> float:

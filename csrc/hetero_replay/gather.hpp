@@ -6,9 +6,12 @@
 // batches are split across threads.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "task_pool.hpp"
 
 namespace hetero_replay {
 
@@ -39,22 +42,24 @@ inline void copy_row(char* dst, const char* src, int64_t bytes) {
 // out[f] receives n * fields[f].bytes bytes.
 inline void gather_rows(const std::vector<RowField>& fields, const std::vector<char*>& out,
                         const int64_t* idx, int64_t n, int threads) {
-  constexpr int64_t kAhead = 16;
+  constexpr int64_t kAhead = 16, kChunk = 512;
   const size_t nf = fields.size();
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      for (const RowField& f : fields) {
-        const char* row = f.source + idx[i + kAhead] * f.stride;
-        __builtin_prefetch(row);
-        if (f.bytes > 64) __builtin_prefetch(row + 64);
+  parallel_for((n + kChunk - 1) / kChunk, threads, [&](int64_t c) {
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    for (int64_t i = c * kChunk; i < end; ++i) {
+      if (i + kAhead < end) {
+        for (const RowField& f : fields) {
+          const char* row = f.source + idx[i + kAhead] * f.stride;
+          __builtin_prefetch(row);
+          if (f.bytes > 64) __builtin_prefetch(row + 64);
+        }
+      }
+      for (size_t k = 0; k < nf; ++k) {
+        const RowField& f = fields[k];
+        copy_row(out[k] + i * f.bytes, f.source + idx[i] * f.stride, f.bytes);
       }
     }
-    for (size_t k = 0; k < nf; ++k) {
-      const RowField& f = fields[k];
-      copy_row(out[k] + i * f.bytes, f.source + idx[i] * f.stride, f.bytes);
-    }
-  }
+  });
 }
 
 }  // namespace hetero_replay

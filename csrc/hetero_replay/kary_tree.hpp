@@ -23,45 +23,20 @@
 #include <string>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "descent.hpp"
 #include "group_simd.hpp"
 #include "priority_transform.hpp"
+#include "task_pool.hpp"
 
 namespace hetero_replay {
 
 // ---- threads ---------------------------------------------------------------
 
-inline int& thread_setting() {
-#ifdef _OPENMP
-  static int n = omp_get_max_threads();
-#else
-  static int n = 1;
-#endif
-  return n;
-}
-inline int num_threads() { return thread_setting(); }
-inline void set_num_threads(int n) {
-  if (n < 1) throw std::invalid_argument("num_threads must be >= 1, got " + std::to_string(n));
-#ifdef _OPENMP
-  thread_setting() = n;
-#else
-  thread_setting() = 1;  // serial build: silently single-threaded, see openmp_enabled()
-#endif
-}
-inline bool openmp_enabled() {
-#ifdef _OPENMP
-  return true;
-#else
-  return false;
-#endif
-}
+inline int num_threads() { return TaskPool::instance().threads(); }
+inline void set_num_threads(int n) { TaskPool::instance().set_threads(n); }
 
-// Below these batch sizes a fork/join costs more than it saves (measured on
-// 2-core x86 machines, see benchmarks/).
+// Below these batch sizes handing work to other threads costs more than it
+// saves (measured on 2-core x86 machines, see benchmarks/).
 constexpr int64_t kParallelMinSearches = 512;
 constexpr int64_t kParallelMinUpdates = 512;
 // Descents in flight per thread: enough independent cache misses to hide
@@ -175,8 +150,10 @@ class KaryTree final : public SumTreeBase {
     std::copy(v, v + capacity_, values_[0].get());
     for (int l = 1; l < num_levels(); ++l) {
       const int64_t n = level_size_[l];
-#pragma omp parallel for num_threads(num_threads()) schedule(static) if (n >= 4096)
-      for (int64_t node = 0; node < n; ++node) recompute(l, node);
+      constexpr int64_t kChunk = 4096;
+      parallel_for((n + kChunk - 1) / kChunk, num_threads(), [&](int64_t c) {
+        for (int64_t node = c * kChunk; node < std::min(n, (c + 1) * kChunk); ++node) recompute(l, node);
+      });
     }
     refresh_root();
   }
@@ -292,23 +269,19 @@ class KaryTree final : public SumTreeBase {
     if (threads == 1) {
       update_range(idx, v, n, 0, level_size_[0], top);
     } else {
-      // Owner computes: each thread owns a contiguous run of the nodes of a
-      // split level and everything below them, so no two threads write the
+      // Owner computes: each part owns a contiguous run of the nodes of a
+      // split level and everything below them, so no two parts write the
       // same node and each keeps batch order (last write wins) for its leaves.
-      // The few nodes above the split level are then refreshed serially.
-      const int split = split_level(threads);
+      // More parts than threads keep the load even; the few nodes above the
+      // split level are then refreshed serially.
+      const int parts = 2 * threads;
+      const int split = split_level(parts);
       int64_t span = 1;
       for (int l = 0; l < split; ++l) span *= K;
       const int64_t nodes = real_nodes(split);
-#pragma omp parallel num_threads(threads)
-      {
-#ifdef _OPENMP
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-        const int64_t t = 0, nt = 1;
-#endif
-        update_range(idx, v, n, nodes * t / nt * span, nodes * (t + 1) / nt * span, split);
-      }
+      parallel_for(parts, threads, [&](int64_t p) {
+        update_range(idx, v, n, nodes * p / parts * span, nodes * (p + 1) / parts * span, split);
+      });
       for (int l = split + 1; l <= top; ++l)
         for (int64_t node = 0; node < real_nodes(l); ++node) recompute(l, node);
     }
@@ -322,10 +295,10 @@ class KaryTree final : public SumTreeBase {
     return n;
   }
 
-  // Highest level with enough real nodes to share among `threads` evenly.
-  int split_level(int threads) const {
+  // Highest level with enough real nodes to share among `parts` evenly.
+  int split_level(int parts) const {
     int l = num_levels() - 1;
-    while (l > 0 && real_nodes(l) < 4 * threads) --l;
+    while (l > 0 && real_nodes(l) < 4 * parts) --l;
     return l;
   }
 
@@ -409,10 +382,11 @@ class KaryTree final : public SumTreeBase {
     const TreeView<T> tree = view();
     const int top = tree.num_levels - 1;
     const double min_value = min();
-    const int64_t chunks = (n + kInterleave - 1) / kInterleave;
+    const int64_t groups = (n + kInterleave - 1) / kInterleave;
     const int threads = n >= kParallelMinSearches ? num_threads() : 1;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t c = 0; c < chunks; ++c) {
+    constexpr int64_t kGroupsPerItem = 4;  // work items of 64 descents: few atomic claims
+    parallel_for((groups + kGroupsPerItem - 1) / kGroupsPerItem, threads, [&](int64_t item) {
+     for (int64_t c = item * kGroupsPerItem; c < std::min(groups, (item + 1) * kGroupsPerItem); ++c) {
       const int64_t start = c * kInterleave;
       const int g = static_cast<int>(std::min<int64_t>(kInterleave, n - start));
       double m[kInterleave];
@@ -435,7 +409,8 @@ class KaryTree final : public SumTreeBase {
         idx_out[start + q] = leaf;
         if (weight_out) weight_out[start + q] = is_weight(tree.leaves[leaf], min_value, beta);
       }
-    }
+     }
+    });
   }
 
   int64_t capacity_;

@@ -1,10 +1,13 @@
 // |TD error| -> stored priority (|delta| + eps)^alpha, validated in one pass.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include "task_pool.hpp"
 
 namespace hetero_replay {
 
@@ -23,16 +26,18 @@ double priorities_from_td(const double* td, int64_t n, double alpha, double eps,
     }
   }
   double max_raw = 0.0;
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(max : max_raw) if (threads > 1)
-  for (int64_t i = 0; i < n; ++i) {
-    const double raw = td[i] + eps;
-    max_raw = raw > max_raw ? raw : max_raw;
-    // float32 trees take the power in float32: 2x faster, and the value is
-    // stored as float32 anyway.
-    if constexpr (sizeof(T) == 4) out[i] = powf(static_cast<float>(raw), static_cast<float>(alpha));
-    else out[i] = std::pow(raw, alpha);
-  }
-  return max_raw;
+  for (int64_t i = 0; i < n; ++i) max_raw = td[i] > max_raw ? td[i] : max_raw;
+  constexpr int64_t kChunk = 1024;
+  parallel_for((n + kChunk - 1) / kChunk, threads, [&](int64_t c) {
+    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+      const double raw = td[i] + eps;
+      // float32 trees take the power in float32: 2x faster, and the value is
+      // stored as float32 anyway.
+      if constexpr (sizeof(T) == 4) out[i] = powf(static_cast<float>(raw), static_cast<float>(alpha));
+      else out[i] = std::pow(raw, alpha);
+    }
+  });
+  return n > 0 ? max_raw + eps : 0.0;
 }
 
 }  // namespace hetero_replay

@@ -1,0 +1,201 @@
+// A small caller-runs thread pool for batch operations.
+//
+// Why not OpenMP: a parallel region ends with a barrier that waits for every
+// thread of the team, including one the OS has descheduled because another
+// process (a simulator, a SubprocVecEnv actor) holds its core. Measured on
+// 2 cores with the other core busy, a 2-thread batch then took 10-200x longer
+// than a serial one. Here the calling thread claims work items itself, workers
+// join in when they run, and the caller waits only for items a worker has
+// actually started: a thread that never woke up delays nothing.
+#pragma once
+
+#include <algorithm>
+#include <cstdlib>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <new>
+
+#include <pthread.h>
+#include <vector>
+
+namespace hetero_replay {
+
+class TaskPool {
+ public:
+  static TaskPool& instance() {
+    static TaskPool pool;
+    return pool;
+  }
+
+  // Threads used by batch operations, the caller included. Default: the
+  // machine's hardware threads (or HETERO_REPLAY_NUM_THREADS).
+  int threads() const { return threads_.load(std::memory_order_relaxed); }
+  void set_threads(int n) {
+    if (n < 1) throw std::invalid_argument("num_threads must be >= 1, got " + std::to_string(n));
+    threads_.store(n, std::memory_order_relaxed);
+  }
+
+  // Calls fn(i) for every i in [0, n), using up to `max_threads` threads (the
+  // caller included). Returns when all calls have finished. fn must not throw.
+  template <typename F>
+  void run(int64_t n, int max_threads, F&& fn) {
+    const int helpers = static_cast<int>(std::min<int64_t>(max_threads, n)) - 1;
+    std::unique_lock<std::mutex> submit(submit_mutex_, std::try_to_lock);
+    if (helpers <= 0 || !submit.owns_lock()) {  // serial, or another caller holds the pool
+      for (int64_t i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    ensure_workers(helpers);
+    {
+      std::lock_guard<std::mutex> lock(job_mutex_);
+      using Fn = std::remove_reference_t<F>;
+      job_.call = [](void* ctx, int64_t i) { (*static_cast<Fn*>(ctx))(i); };
+      job_.ctx = const_cast<void*>(static_cast<const void*>(&fn));
+      job_.n = n;
+      job_.helpers = helpers;
+      job_.generation = ++generation_;
+      done_.store(0, std::memory_order_relaxed);
+      next_.store(pack(job_.generation, 0), std::memory_order_release);
+      published_.store(job_.generation, std::memory_order_release);
+    }
+    wake_.notify_all();
+    const Job job = current_job();
+    int64_t mine = 0;
+    for (int64_t i; (i = claim(job)) >= 0;) {
+      fn(i);
+      ++mine;
+    }
+    // Wait for the items that workers claimed; they are running now.
+    const int64_t target = n - mine;
+    while (done_.load(std::memory_order_acquire) < target) std::this_thread::yield();
+  }
+
+ private:
+  struct Job {
+    void (*call)(void*, int64_t) = nullptr;
+    void* ctx = nullptr;
+    int64_t n = 0;
+    int helpers = 0;
+    uint32_t generation = 0;
+  };
+
+  TaskPool() {
+    int n = static_cast<int>(std::thread::hardware_concurrency());
+    if (const char* env = std::getenv("HETERO_REPLAY_NUM_THREADS")) n = std::atoi(env);
+    threads_.store(std::max(1, n));
+    pthread_atfork(&TaskPool::before_fork, &TaskPool::after_fork_parent, &TaskPool::after_fork_child);
+  }
+
+  // fork() copies only the calling thread. Holding job_mutex_ across the fork
+  // means no worker holds it; the child then gets fresh synchronisation
+  // objects (the old ones may count waiters that do not exist there) and
+  // forgets the parent's threads without joining them. SubprocVecEnv forks.
+  static void before_fork() { instance().job_mutex_.lock(); }
+  static void after_fork_parent() { instance().job_mutex_.unlock(); }
+  static void after_fork_child() {
+    TaskPool& p = instance();
+    new (&p.submit_mutex_) std::mutex();
+    new (&p.job_mutex_) std::mutex();
+    new (&p.wake_) std::condition_variable();
+    new std::vector<std::thread>(std::move(p.workers_));  // leaked on purpose: never joined
+    p.workers_.clear();
+  }
+
+  ~TaskPool() {
+    {
+      std::lock_guard<std::mutex> lock(job_mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& w : workers_) w.join();
+  }
+
+  // The claim counter packs the job's generation with the next item, so a
+  // worker holding a finished job's description can never claim an item of
+  // the next job.
+  static uint64_t pack(uint32_t generation, uint32_t item) {
+    return (static_cast<uint64_t>(generation) << 32) | item;
+  }
+
+  int64_t claim(const Job& job) {
+    uint64_t cur = next_.load(std::memory_order_acquire);
+    while (true) {
+      if (static_cast<uint32_t>(cur >> 32) != job.generation) return -1;
+      const int64_t item = static_cast<uint32_t>(cur);
+      if (item >= job.n) return -1;
+      if (next_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) return item;
+    }
+  }
+
+  Job current_job() {
+    std::lock_guard<std::mutex> lock(job_mutex_);
+    return job_;
+  }
+
+  void ensure_workers(int count) {
+    std::lock_guard<std::mutex> lock(job_mutex_);
+    while (static_cast<int>(workers_.size()) < count) {
+      const int rank = static_cast<int>(workers_.size());
+      workers_.emplace_back([this, rank] { work(rank); });
+    }
+  }
+
+  void work(int rank) {
+    uint32_t seen = 0;
+    while (true) {
+      // Batch calls come in bursts (sample, gather, update): spin a little
+      // before sleeping, so the next job finds this thread awake.
+      for (int spin = 0; spin < kSpins && published_.load(std::memory_order_acquire) == seen; ++spin)
+        pause();
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(job_mutex_);
+        wake_.wait(lock, [&] { return stopping_ || (generation_ != seen && rank < job_.helpers); });
+        if (stopping_) return;
+        seen = generation_;
+        job = job_;
+      }
+      for (int64_t i; (i = claim(job)) >= 0;) {
+        job.call(job.ctx, i);
+        done_.fetch_add(1, std::memory_order_acq_rel);
+      }
+    }
+  }
+
+  static void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
+
+  static constexpr int kSpins = 1000;  // ~20-50 us of pause instructions
+
+  std::atomic<int> threads_{1};
+  std::atomic<uint32_t> published_{0};
+  std::mutex submit_mutex_;  // one job at a time
+  std::mutex job_mutex_;
+  std::condition_variable wake_;
+  std::vector<std::thread> workers_;
+  Job job_;
+  uint32_t generation_ = 0;
+  bool stopping_ = false;
+  std::atomic<uint64_t> next_{0};
+  std::atomic<int64_t> done_{0};
+};
+
+// Calls fn(i) for i in [0, n) on up to num_threads() threads.
+template <typename F>
+void parallel_for(int64_t n, int threads, F&& fn) {
+  TaskPool::instance().run(n, threads, fn);
+}
+
+}  // namespace hetero_replay

@@ -1,0 +1,276 @@
+"""Mapping: which device runs each primitive of a PER learner, and where transitions live.
+
+A learner step has four placeable primitives (the env step always runs on the
+CPU): ``inference`` (the policy picks actions), ``sample`` (draw a batch from
+the sum tree, gather it, IS weights), ``update`` (write new priorities into the
+tree) and ``train`` (the SGD step). ``storage`` says where the transitions are
+kept. A :class:`Mapping` names a device for each, checks that this machine has
+them, and turns into the arguments of the pieces that run them:
+
+>>> m = Mapping(sample="cpu", update="cpu", train="cpu", storage="cpu", tree="torch")
+>>> m.replay_kwargs()
+{'tree': 'torch', 'tree_device': 'cpu', 'storage': 'cpu', 'device': 'cpu'}
+>>> m.learner_device
+'cpu'
+
+``sample`` and ``update`` act on one sum tree, so they name the same device.
+:meth:`Mapping.transfers` lists what a training step moves between devices
+under the mapping, and :class:`TransferCounter` counts what it really moves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from typing import Any, NamedTuple
+
+#: The primitives a mapping places (the env step is always on the CPU).
+PRIMITIVES = ("inference", "sample", "update", "train")
+#: Storage placements besides a device: NumPy on the host, page-locked host tensors.
+HOST, PINNED = "host", "pinned"
+
+_CPU_TREES = ("native", "numpy")
+_TREES = ("auto", "native", "numpy", "torch", "cupy")
+
+
+class DeviceUnavailableError(RuntimeError):
+    """A mapping asks for a device or backend this machine does not have."""
+
+
+class Transfer(NamedTuple):
+    """Data a training step moves from one device to another."""
+
+    what: str
+    source: str
+    target: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Mapping:
+    """A device for each primitive, the storage placement and the tree backend.
+
+    Devices are ``"cpu"`` or ``"cuda"`` / ``"cuda:N"``. Construction checks the
+    mapping and that this machine can run it; a missing device raises
+    :class:`DeviceUnavailableError` naming the primitive that asked for it.
+
+    Args:
+        inference: where the policy acts.
+        sample: where the sum tree draws batches (and computes IS weights).
+        update: where priorities are written; the tree's device, so = ``sample``.
+        train: where the network learns; sampled batches are delivered here.
+        storage: ``"host"`` (NumPy), ``"pinned"`` (page-locked host memory,
+            asynchronous copies to a GPU) or a device.
+        tree: sum-tree backend; ``"auto"`` takes the C++ tree on the CPU and
+            the CUDA kernels (CuPy) on a GPU, or the torch tree without CuPy.
+        check: ``False`` skips the check that this machine has the devices
+            (to describe a mapping for another machine, e.g. in a cost model).
+    """
+
+    inference: str = "cpu"
+    sample: str = "cpu"
+    update: str = "cpu"
+    train: str = "cpu"
+    storage: str = HOST
+    tree: str = "auto"
+    check: bool = dataclasses.field(default=True, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for primitive in PRIMITIVES:
+            object.__setattr__(self, primitive, _normalise(primitive, getattr(self, primitive)))
+        if self.sample != self.update:
+            raise ValueError(
+                "sample and update act on one sum tree, so they need the same device; "
+                f"got sample={self.sample!r}, update={self.update!r}"
+            )
+        if self.storage not in (HOST, PINNED):
+            object.__setattr__(self, "storage", _normalise("storage", self.storage))
+        if self.tree not in _TREES:
+            raise ValueError(f"tree must be one of {_TREES}, got {self.tree!r}")
+        on_gpu = self.sample != "cpu"
+        if on_gpu and self.tree in _CPU_TREES:
+            raise ValueError(f"tree backend {self.tree!r} runs on the CPU only; sample/update are on {self.sample!r}")
+        if not on_gpu and self.tree == "cupy":
+            raise ValueError("tree backend 'cupy' runs on a CUDA device; sample/update are on 'cpu'")
+        if self.check:
+            self._check_present()
+
+    # -- presets -----------------------------------------------------------------------
+
+    @classmethod
+    def cpu(cls) -> "Mapping":
+        """Everything on the CPU: the C++ tree, NumPy storage, a CPU learner."""
+        return cls()
+
+    @classmethod
+    def gpu(cls, device: str = "cuda", check: bool = True) -> "Mapping":
+        """Everything on one GPU: tree, transitions and learner; no per-step host copies."""
+        return cls(inference=device, sample=device, update=device, train=device, storage=device, check=check)
+
+    @classmethod
+    def cpu_replay_gpu_learner(cls, device: str = "cuda", check: bool = True) -> "Mapping":
+        """The C++ tree on the CPU, transitions in pinned memory, the network on the GPU."""
+        return cls(inference=device, train=device, storage=PINNED, check=check)
+
+    # -- what the pieces need ---------------------------------------------------------
+
+    @property
+    def learner_device(self) -> str:
+        """The torch device of the training step (the algorithm's ``device=``)."""
+        return self.train
+
+    @property
+    def inference_device(self) -> str:
+        """The torch device the policy acts on."""
+        return self.inference
+
+    @property
+    def tree_backend(self) -> str:
+        """The tree backend ``"auto"`` resolves to on this machine."""
+        if self.tree != "auto":
+            return self.tree
+        if self.sample == "cpu":
+            return "native"
+        return "cupy" if _cupy_usable() else "torch"  # unchecked mappings: torch where CuPy is absent
+
+    def replay_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`~hetero_replay.replay.PrioritizedReplay` for this mapping.
+
+        ``device`` is the learner's device, except for the all-host mapping
+        (NumPy storage, CPU learner) where it is ``None`` and batches stay NumPy
+        arrays, which a CPU learner wraps without a copy.
+        """
+        backend = self.tree_backend
+        host_batches = self.storage == HOST and self.train == "cpu"
+        return {
+            "tree": backend,
+            "tree_device": None if backend in _CPU_TREES else self.sample,
+            "storage": self.storage,
+            "device": None if host_batches else self.train,
+        }
+
+    def transfers(self) -> tuple[Transfer, ...]:
+        """What one training step (sample, train, update) moves between devices.
+
+        The buffer's NumPy generator draws the uniforms on the host, and a
+        device tree's update ends with one read of a few scalars; the rest
+        crosses only where neighbouring primitives sit on different devices.
+        """
+        tree, learner = self.sample, self.train
+        store = "cpu" if self.storage in (HOST, PINNED) else self.storage
+        steps = [
+            Transfer("uniforms", "cpu", tree),
+            Transfer("indices", tree, store),
+            Transfer("transitions", store, learner),
+            Transfer("weights", tree, learner),
+            Transfer("td errors", learner, tree),
+            Transfer("tree scalars", tree, "cpu"),
+        ]
+        return tuple(t for t in steps if t.source != t.target)
+
+    def _check_present(self) -> None:
+        wanted = [(p, getattr(self, p)) for p in PRIMITIVES]
+        if self.storage not in (HOST, PINNED):
+            wanted.append(("storage", self.storage))
+        for primitive, device in wanted:
+            if device != "cpu":
+                _require_cuda(primitive, device)
+        if self.storage == PINNED:
+            _require_cuda("storage", "cuda", why="pinned host memory needs CUDA")
+        if self.tree == "cupy" and not _cupy_usable():
+            raise DeviceUnavailableError(
+                "sample/update: tree backend 'cupy' needs CuPy and a CUDA device; "
+                "pip install hetero-replay[cuda]"
+            )
+        if self.tree_backend == "torch" and importlib.util.find_spec("torch") is None:
+            raise DeviceUnavailableError("sample/update: tree backend 'torch' needs torch installed")
+
+
+def _normalise(what: str, device: Any) -> str:
+    """``"cpu"`` or ``"cuda:N"``, or ``ValueError`` naming ``what``."""
+    name = str(device).strip().lower()
+    if name == "cpu":
+        return name
+    if name == "cuda":
+        return "cuda:0"
+    if name.startswith("cuda:") and name[5:].isdigit():
+        return f"cuda:{int(name[5:])}"
+    raise ValueError(f"{what}: device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def _require_cuda(what: str, device: str, why: str = "") -> None:
+    """Raise :class:`DeviceUnavailableError` naming ``what`` unless ``device`` exists here."""
+    reason = f" ({why})" if why else ""
+    if importlib.util.find_spec("torch") is None:
+        raise DeviceUnavailableError(f"{what}: {device!r} requested{reason}, but torch is not installed")
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        have = f"{count} CUDA device(s)" if count else "no CUDA device"
+        raise DeviceUnavailableError(f"{what}: {device!r} requested{reason}, but this machine has {have}")
+
+
+def _cupy_usable() -> bool:
+    from hetero_replay.trees import _cupy_usable as usable
+
+    return usable()
+
+
+class TransferCounter:
+    """Counts what torch moves between devices while it is active.
+
+    A context manager over a torch dispatch mode that sees every tensor
+    operation: cross-device copies (``.to``, ``.cuda``, ``.cpu``, ``copy_``),
+    host data entering torch (``from_numpy``, ``as_tensor`` of host arrays)
+    and scalar reads (``.item()``, ``bool(tensor)``). ``tolist()`` and
+    ``numpy()`` bypass the dispatcher and are not seen.
+
+    Attributes:
+        copies: ``(source device, target device, bytes)`` per cross-device copy.
+        host_inputs: ``(dtype, shape)`` of each host array that became a tensor.
+        scalar_reads: number of scalar reads.
+    """
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[str, str, int]] = []
+        self.host_inputs: list[tuple[Any, tuple[int, ...]]] = []
+        self.scalar_reads = 0
+        self._mode: Any = None
+
+    def __enter__(self) -> "TransferCounter":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+                counter._observe(func, args, kwargs or {})
+                return func(*args, **(kwargs or {}))
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+    def _observe(self, func: Any, args: tuple, kwargs: dict) -> None:
+        import torch
+
+        name = func.overloadpacket.__name__
+        if name == "_to_copy":
+            src, dst = args[0].device, kwargs.get("device") or args[0].device
+            if torch.device(dst) != src:
+                self.copies.append((str(src), str(dst), args[0].numel() * args[0].element_size()))
+        elif name in ("copy_", "_copy_from"):
+            dst, src = (args[0], args[1]) if name == "copy_" else (args[1], args[0])
+            if dst.device != src.device:
+                self.copies.append((str(src.device), str(dst.device), src.numel() * src.element_size()))
+        elif name == "lift_fresh":
+            self.host_inputs.append((args[0].dtype, tuple(args[0].shape)))
+        elif name == "_local_scalar_dense":
+            self.scalar_reads += 1
+
+
+__all__ = ["HOST", "PINNED", "PRIMITIVES", "DeviceUnavailableError", "Mapping", "Transfer", "TransferCounter"]

@@ -1,0 +1,167 @@
+"""Transitions in torch tensors: on any torch device, or in pinned host memory.
+
+``TorchStorage(capacity, schema, device="cuda")`` keeps every field on the GPU,
+so a batch gathered by indices that also live there never crosses the bus.
+``TorchStorage(capacity, schema, pin_memory=True)`` keeps them in page-locked
+host memory: a gathered batch is then copied to the learner's GPU with
+``non_blocking=True``, overlapping the copy with whatever the host does next.
+
+The interface is :class:`~hetero_replay.storage.HostStorage`'s (``validate``,
+``write``, ``gather``, ``arrays``) with the same validation rules and messages;
+inputs may be NumPy arrays or tensors on any device, and ``gather`` returns
+tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from hetero_replay.storage.schema import Schema
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype of a NumPy dtype, or ``TypeError`` if torch has none."""
+    try:
+        return torch.from_numpy(np.empty(0, dtype)).dtype
+    except TypeError as e:
+        raise TypeError(f"dtype {dtype} has no torch equivalent") from e
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The NumPy dtype of a torch dtype, or ``TypeError`` if NumPy has none (bfloat16)."""
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+class TorchStorage:
+    """Fixed-capacity storage of transitions in torch tensors, written as a ring.
+
+    Args:
+        capacity: rows per field.
+        schema: the fields of a transition.
+        device: any torch device; the default is the CPU.
+        pin_memory: page-locked host memory (``device`` must be the CPU, and
+            pinning needs CUDA), so copies to a GPU can run asynchronously.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        schema: Schema | Mapping[str, Any],
+        device: str | torch.device = "cpu",
+        pin_memory: bool = False,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = int(capacity)
+        self.schema = schema if isinstance(schema, Schema) else Schema(schema)
+        self.device = torch.device(device)
+        self.pin_memory = bool(pin_memory)
+        if self.pin_memory and self.device.type != "cpu":
+            raise ValueError(f"pin_memory is for host storage (device 'cpu'), got device {self.device}")
+        if self.pin_memory and not torch.cuda.is_available():
+            raise RuntimeError("pinned host storage needs CUDA (it only speeds up copies to a GPU); none is available")
+        self._dtypes = {name: torch_dtype(field.dtype) for name, field in self.schema.items()}
+        self.arrays: dict[str, torch.Tensor] = {
+            name: self._zeros((self.capacity, *field.shape), self._dtypes[name])
+            for name, field in self.schema.items()
+        }
+
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.device.type == "cpu" and not self.pin_memory:
+            # np.zeros maps untouched pages lazily: a large buffer costs RAM as it fills.
+            return torch.from_numpy(np.zeros(shape, numpy_dtype(dtype)))
+        return torch.zeros(shape, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
+
+    def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor | np.ndarray]]:
+        """Check a batch against the schema; return ``(rows, arrays)``.
+
+        The rules of :meth:`HostStorage.validate`: every field present, shaped
+        ``(rows, *field.shape)`` with one ``rows`` throughout, of a dtype that
+        casts to the field's within its kind. Fields may be tensors on any
+        device or anything ``np.asarray`` takes.
+        """
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"a batch is a mapping of field name -> array, got {type(batch).__name__}")
+        missing = [n for n in self.schema if n not in batch]
+        unknown = [n for n in batch if n not in self.schema]
+        if missing or unknown:
+            raise ValueError(
+                f"batch fields do not match the schema: missing {missing}, unknown {unknown}; "
+                f"expected {list(self.schema)}"
+            )
+        rows = None
+        out: dict[str, torch.Tensor | np.ndarray] = {}
+        for name, field in self.schema.items():
+            arr = batch[name]
+            if not isinstance(arr, torch.Tensor):
+                arr = np.asarray(arr)
+            shape, expected = tuple(arr.shape), ("n", *field.shape)
+            if len(shape) != len(expected) or shape[1:] != field.shape:
+                raise ValueError(f"field {name!r}: expected shape {_fmt(expected)}, got {shape}")
+            src = numpy_dtype(arr.dtype) if isinstance(arr, torch.Tensor) else arr.dtype
+            if not np.can_cast(src, field.dtype, casting="same_kind"):
+                raise ValueError(
+                    f"field {name!r}: dtype {src} does not cast to {field.dtype} "
+                    f"(expected shape {_fmt(expected)}, dtype {field.dtype})"
+                )
+            if rows is None:
+                rows = shape[0]
+            elif shape[0] != rows:
+                first = next(iter(self.schema))
+                raise ValueError(f"field {name!r} has {shape[0]} rows but {first!r} has {rows}")
+            out[name] = arr
+        assert rows is not None
+        if rows > self.capacity:
+            raise ValueError(f"a batch of {rows} rows does not fit a capacity of {self.capacity}")
+        return rows, out
+
+    def write(self, start: int, arrays: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+        """Write validated rows at ring positions ``start, start + 1, ...`` (wrapping)."""
+        for name, arr in arrays.items():
+            dst = self.arrays[name]
+            src = arr if isinstance(arr, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(arr))
+            src = src.to(device=dst.device, dtype=dst.dtype)
+            rows = src.shape[0]
+            head = min(rows, self.capacity - start)
+            dst[start : start + head] = src[:head]
+            if head < rows:
+                dst[: rows - head] = src[head:]
+
+    def gather(self, indices: Any, device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
+        """Rows at ``indices`` (int64, already validated), one new tensor per field.
+
+        The rows are gathered where the storage is; with ``device`` they are
+        then moved there (no copy if it is the storage's own device). From
+        pinned storage the gather writes into pinned buffers and the move is
+        non-blocking.
+        """
+        idx = indices if isinstance(indices, torch.Tensor) else torch.from_numpy(np.asarray(indices))
+        idx = idx.to(self.device)
+        target = self.device if device is None else torch.device(device)
+        out = {}
+        for name, arr in self.arrays.items():
+            if self.pin_memory:
+                rows = torch.empty((idx.shape[0], *arr.shape[1:]), dtype=arr.dtype, pin_memory=True)
+                torch.index_select(arr, 0, idx, out=rows)
+            else:
+                rows = arr.index_select(0, idx)
+            out[name] = rows.to(target, non_blocking=self.pin_memory)
+        return out
+
+    def host_rows(self, rows: int) -> dict[str, np.ndarray]:
+        """Copies of the first ``rows`` rows of every field, as NumPy arrays (for checkpoints)."""
+        return {name: arr[:rows].to("cpu", copy=True).numpy() for name, arr in self.arrays.items()}
+
+    def __repr__(self) -> str:
+        where = "pinned host" if self.pin_memory else str(self.device)
+        return f"TorchStorage(capacity={self.capacity}, {where}, schema={self.schema!r})"
+
+
+def _fmt(shape: tuple[Any, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+__all__ = ["TorchStorage", "numpy_dtype", "torch_dtype"]
