@@ -167,7 +167,7 @@ std::unique_ptr<PySumTree> make_py_tree(int64_t capacity, int fanout, py::object
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "C++ K-ary sum tree (OpenMP) and hot-path helpers of hetero_replay.";
+  m.doc() = "C++ K-ary sum tree and hot-path helpers of hetero_replay.";
   register_kernel_items(m);
 
   m.def("num_threads", &num_threads,
@@ -189,7 +189,7 @@ next samples are prefetched and large batches use several threads.
 K-ary sum tree over `capacity` leaves with an exact minimum of the positive leaves.
 
 Each sibling group of `fanout` values is one cache line (float32, fanout 16).
-Batch operations release the GIL and use OpenMP above a few hundred items;
+Batch operations release the GIL and use a thread pool above a few hundred items;
 writers and readers are serialised by an internal reader/writer lock.
 )doc")
       .def(py::init(&make_py_tree), py::arg("capacity"), py::arg("fanout") = 16,

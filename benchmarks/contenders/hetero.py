@@ -1,6 +1,6 @@
 """This project's buffer, once per tree backend in ``hetero_replay.backends()``.
 
-The native (C++/OpenMP) backend appears twice on the same buffer: pinned to one
+The native (C++, multi-threaded) backend appears twice on the same buffer: pinned to one
 thread and with every core, switched by :func:`hetero_replay.set_num_threads`
 before each timed repeat. Backends added to ``hetero_replay.backends()`` later
 (torch, CUDA, FPGA) show up here without changes.

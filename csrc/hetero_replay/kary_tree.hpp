@@ -312,18 +312,21 @@ class KaryTree final : public SumTreeBase {
         if (idx[i] >= lo && idx[i] < hi) leaves[idx[i]] = v[i];
       return;
     }
-    constexpr int64_t kAhead = 8;  // prefetch distance: hides misses on random leaves
-    std::vector<int64_t> touched, parents;
-    touched.reserve(static_cast<size_t>(std::min<int64_t>(n, hi - lo)));
-    for (int64_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) {
-        __builtin_prefetch(leaves + idx[i + kAhead], 1);
-        __builtin_prefetch(stamps_[1].data() + idx[i + kAhead] / K, 1);
+    constexpr size_t kAhead = 16;  // prefetch distance: hides misses on random leaves
+    std::vector<int64_t> mine, touched, parents;  // batch positions in range, nodes to refresh
+    mine.reserve(static_cast<size_t>(std::min<int64_t>(n, hi - lo)));
+    for (int64_t i = 0; i < n; ++i)
+      if (idx[i] >= lo && idx[i] < hi) mine.push_back(i);
+    touched.reserve(mine.size());
+    for (size_t k = 0; k < mine.size(); ++k) {
+      if (k + kAhead < mine.size()) {
+        const uint64_t ahead = static_cast<uint64_t>(idx[mine[k + kAhead]]);
+        __builtin_prefetch(leaves + ahead, 1);
+        __builtin_prefetch(stamps_[1].data() + ahead / K, 1);
       }
-      const int64_t leaf = idx[i];
-      if (leaf < lo || leaf >= hi) continue;
-      leaves[leaf] = v[i];
-      mark(1, leaf / K, touched);
+      const int64_t i = mine[k];
+      leaves[idx[i]] = v[i];  // batch order: the last write of a repeated index wins
+      mark(1, static_cast<uint64_t>(idx[i]) / K, touched);
     }
     for (int l = 1; l <= max_level; ++l) {
       parents.clear();

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -152,8 +153,10 @@ class TaskPool {
     while (true) {
       // Batch calls come in bursts (sample, gather, update): spin a little
       // before sleeping, so the next job finds this thread awake.
-      for (int spin = 0; spin < kSpins && published_.load(std::memory_order_acquire) == seen; ++spin)
-        pause();
+      const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+      while (published_.load(std::memory_order_acquire) == seen &&
+             std::chrono::steady_clock::now() < spin_until)
+        for (int i = 0; i < 16; ++i) pause();
       Job job;
       {
         std::unique_lock<std::mutex> lock(job_mutex_);
@@ -177,7 +180,10 @@ class TaskPool {
 #endif
   }
 
-  static constexpr int kSpins = 1000;  // ~20-50 us of pause instructions
+  // How long an idle worker keeps polling before it sleeps: a learner step's
+  // sample, gather and update come within this; waking a sleeping thread
+  // takes about as long as a whole batch operation.
+  static constexpr std::chrono::microseconds kSpin{200};
 
   std::atomic<int> threads_{1};
   std::atomic<uint32_t> published_{0};

@@ -3,7 +3,7 @@
 ========  ==========================================================
 backend   what it is
 ========  ==========================================================
-native    C++17 K-ary tree, OpenMP across the batch, GIL released
+native    C++17 K-ary tree, multi-threaded across the batch, GIL released
 numpy     vectorised NumPy: the readable reference every backend matches
 torch     torch tensor ops on any torch device (listed when torch is installed)
 cupy      CUDA kernels loaded through CuPy (listed when CuPy and a CUDA device
