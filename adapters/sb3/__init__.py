@@ -1,0 +1,49 @@
+"""Prioritized experience replay for Stable-Baselines3, without patching SB3.
+
+Two ways in:
+
+* swap the buffer of a stock algorithm (runs, but stays uniform: stock
+  ``train()`` never updates priorities)::
+
+      DQN("MlpPolicy", env, replay_buffer_class=PrioritizedReplayBuffer)
+
+* or use the PER algorithms, whose ``train()`` weights the loss and feeds
+  ``|TD error|`` back::
+
+      PERDQN("MlpPolicy", env, replay_buffer_kwargs=dict(alpha=0.6, beta=0.4))
+
+========================================  =======================================
+``PrioritizedReplayBuffer``               drop-in ``replay_buffer_class``
+``DictPrioritizedReplayBuffer``           the same for ``MultiInputPolicy``
+``PERDQN``, ``PERDDPG``, ``PERTD3``,      SB3's algorithms with PER in ``train()``
+``PERSAC``
+========================================  =======================================
+"""
+
+try:
+    import stable_baselines3  # noqa: F401
+except ImportError as e:  # pragma: no cover - depends on the installation
+    raise ImportError("hetero_replay.adapters.sb3 needs Stable-Baselines3: pip install 'hetero-replay[sb3]'") from e
+
+from hetero_replay.adapters.sb3.buffers import (
+    DictPrioritizedReplayBuffer,
+    PrioritizedReplayBuffer,
+    PrioritizedReplayBufferSamples,
+)
+from hetero_replay.adapters.sb3.common import PERMixin, has_priorities
+from hetero_replay.adapters.sb3.dqn import PERDQN
+from hetero_replay.adapters.sb3.sac import PERSAC
+from hetero_replay.adapters.sb3.td3 import PERDDPG, PERTD3, PERTD3TrainMixin
+
+__all__ = [
+    "PERDDPG",
+    "PERDQN",
+    "PERMixin",
+    "PERSAC",
+    "PERTD3",
+    "PERTD3TrainMixin",
+    "DictPrioritizedReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "PrioritizedReplayBufferSamples",
+    "has_priorities",
+]

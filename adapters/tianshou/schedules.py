@@ -1,0 +1,50 @@
+"""Schedules for the IS-weight exponent beta, indexed by gradient update.
+
+PER anneals beta towards 1 over training, so the importance-sampling correction
+is complete by the time the policy converges (Schaul et al., 2016, section 3.4).
+A schedule is any callable ``update_index -> beta``;
+:class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper` calls it before
+each update with the number of updates it has performed so far.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: ``schedule(update_index) -> beta in [0, 1]``.
+BetaSchedule = Callable[[int], float]
+
+
+@dataclass(frozen=True)
+class LinearBetaSchedule:
+    """Beta rising linearly from ``initial`` to ``final`` over ``num_updates`` updates, then constant.
+
+    Choose ``num_updates`` as the number of gradient steps of the run; with
+    Tianshou's ``OffPolicyTrainer`` that is
+    ``max_epochs * epoch_num_steps * update_step_num_gradient_steps_per_sample``.
+
+    Example:
+        >>> schedule = LinearBetaSchedule(initial=0.4, final=1.0, num_updates=100)
+        >>> schedule(0), schedule(50), schedule(1000)
+        (0.4, 0.7, 1.0)
+    """
+
+    initial: float = 0.4
+    final: float = 1.0
+    num_updates: int = 100_000
+
+    def __post_init__(self) -> None:
+        for name in ("initial", "final"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= 1.0):
+                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+        if not isinstance(self.num_updates, int) or self.num_updates < 1:
+            raise ValueError(f"num_updates must be a positive integer, got {self.num_updates!r}")
+
+    def __call__(self, update: int) -> float:
+        if update < 0:
+            raise ValueError(f"update index must be >= 0, got {update}")
+        fraction = min(1.0, update / self.num_updates)
+        return self.initial + (self.final - self.initial) * fraction

@@ -1,0 +1,110 @@
+"""Plan and run a comparison: every replay variant of one library, over several seeds.
+
+The driver knows only the runner interface of :mod:`hetero_replay.compare.base`,
+so every library's runner gets the same plan, progress bar and report.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from typing import Sequence
+
+from hetero_replay.compare.base import RunResult, RunSpec, runner_for
+
+
+def build_specs(
+    lib: str,
+    algo: str,
+    env_id: str,
+    steps: int,
+    seeds: Sequence[int],
+    *,
+    variants: Sequence[str] | None = None,
+    n_envs: int = 1,
+    eval_every: int | None = None,
+    eval_episodes: int = 5,
+    torch_threads: int = 1,
+) -> list[RunSpec]:
+    """The runs of a comparison, in the order they should run.
+
+    Variants are interleaved per seed, and their order alternates from one seed
+    to the next (``A B``, ``B A``, ...), so slow drifts of a shared machine
+    weigh on every variant alike.
+
+    Args:
+        lib: a registered runner (``"sb3"``, ``"tianshou"``).
+        algo: one of the runner's algorithms.
+        env_id: a gymnasium environment id.
+        steps: environment steps per run.
+        seeds: one run per variant for each seed.
+        variants: a subset of the runner's variants (default: all, baseline first).
+        n_envs: parallel environments per run.
+        eval_every: environment steps between evaluations (default: ``steps // 10``).
+        eval_episodes: episodes per evaluation.
+        torch_threads: torch (and replay) threads per run.
+
+    Raises:
+        ValueError: an unknown library, algorithm or variant, or a non-positive count.
+    """
+    runner = runner_for(lib)
+    if algo not in runner.algos:
+        raise ValueError(f"{lib} runs the algorithms {runner.algos}, not {algo!r}")
+    chosen = tuple(runner.variants) if variants is None else tuple(variants)
+    unknown = [v for v in chosen if v not in runner.variants]
+    if unknown or not chosen:
+        raise ValueError(f"{lib} has the variants {runner.variants}; got {list(chosen)}")
+    chosen = tuple(v for v in runner.variants if v in chosen)  # baseline first, no repeats
+    eval_every = max(steps // 10, 1) if eval_every is None else eval_every
+    for name, value in [("steps", steps), ("n_envs", n_envs), ("eval_every", eval_every),
+                        ("eval_episodes", eval_episodes), ("torch_threads", torch_threads)]:  # fmt: skip
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if not seeds:
+        raise ValueError("at least one seed is needed")
+    _check_env_id(env_id)
+    specs = []
+    for i, seed in enumerate(seeds):
+        for variant in chosen if i % 2 == 0 else chosen[::-1]:
+            specs.append(
+                RunSpec(lib, algo, env_id, variant, int(seed), steps, eval_every, eval_episodes, n_envs, torch_threads)
+            )
+    return specs
+
+
+def _check_env_id(env_id: str) -> None:
+    import gymnasium
+
+    try:
+        gymnasium.spec(env_id)
+    except gymnasium.error.Error as e:
+        raise ValueError(f"unknown environment {env_id!r}: {e}") from e
+
+
+def run_specs(specs: Sequence[RunSpec], progress_bar: bool = True, warmup: bool = True) -> list[RunResult]:
+    """Run ``specs`` one after the other, with one progress bar over all their env steps.
+
+    With ``warmup``, a short untimed run of the first spec goes first, so the
+    one-off costs of a fresh process (imports, first torch calls) do not land
+    on whichever variant happens to run first.
+    """
+    from tqdm import tqdm
+
+    results = []
+    total = sum(spec.steps for spec in specs)
+    with tqdm(total=total, unit="step", disable=not progress_bar, file=sys.stderr, dynamic_ncols=True) as bar:
+        if warmup and specs:
+            bar.set_description("warm-up (untimed)")
+            first = specs[0]
+            steps = min(first.steps, max(500, first.steps // 20))
+            runner_for(first.lib).run(replace(first, steps=steps, eval_every=steps, eval_episodes=1), lambda n: None)
+        for spec in specs:
+            bar.set_description(f"{spec.lib} {spec.algo} {spec.variant} seed {spec.seed}")
+            results.append(runner_for(spec.lib).run(spec, bar.update))
+    return results
+
+
+def default_out_dir(lib: str, algo: str, env_id: str) -> str:
+    """``out/compare/<lib>-<algo>-<env id>`` in the working directory (``out/`` is git-ignored)."""
+    return os.path.join("out", "compare", f"{lib}-{algo}-{env_id}")

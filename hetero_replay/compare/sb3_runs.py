@@ -1,0 +1,168 @@
+"""The Stable-Baselines3 runner: the same algorithm with SB3's uniform buffer or with PER.
+
+Variants:
+
+* ``uniform`` — the stock SB3 algorithm (DQN, DDPG, TD3, SAC) with its own ``ReplayBuffer``;
+* ``per`` — its PER subclass from :mod:`hetero_replay.adapters.sb3` (``PERDQN``, ...)
+  with the default :class:`~hetero_replay.adapters.sb3.PrioritizedReplayBuffer`
+  (alpha 0.6, beta annealed from 0.4 to 1).
+
+Both get the same hyperparameters: the rl-zoo settings for the pairs in
+:data:`HYPERPARAMS`, SB3's defaults otherwise. Evaluations run the greedy
+policy on a separate environment reseeded identically each time, so every
+point of a curve is scored on the same start states.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from hetero_replay.compare.base import RunResult, RunSpec, register_runner
+
+#: rl-zoo hyperparameters (rl-baselines3-zoo, hyperparams/<algo>.yml) per (algo, env id).
+HYPERPARAMS: dict[tuple[str, str], dict[str, Any]] = {
+    ("dqn", "CartPole-v1"): dict(
+        learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
+        target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+        exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]),
+    ),
+    ("ddpg", "Pendulum-v1"): dict(
+        gamma=0.98, buffer_size=200_000, learning_starts=10_000, gradient_steps=1, train_freq=1,
+        learning_rate=1e-3, action_noise_std=0.1, policy_kwargs=dict(net_arch=[400, 300]),
+    ),
+    ("td3", "Pendulum-v1"): dict(
+        gamma=0.98, buffer_size=200_000, learning_starts=10_000, gradient_steps=1, train_freq=1,
+        learning_rate=1e-3, action_noise_std=0.1, policy_kwargs=dict(net_arch=[400, 300]),
+    ),
+    ("sac", "Pendulum-v1"): dict(learning_rate=1e-3),
+}  # fmt: skip
+
+ALGOS = ("dqn", "ddpg", "td3", "sac")
+VARIANTS = ("uniform", "per")
+
+
+def algorithm_class(algo: str, variant: str) -> type:
+    """The SB3 class (``uniform``) or its PER subclass (``per``) for ``algo``."""
+    import stable_baselines3 as sb3
+
+    import hetero_replay.adapters.sb3 as per
+
+    if algo not in ALGOS or variant not in VARIANTS:
+        raise ValueError(f"sb3 runs {ALGOS} in variants {VARIANTS}, not {algo!r} / {variant!r}")
+    name = algo.upper()
+    return getattr(per, f"PER{name}") if variant == "per" else getattr(sb3, name)
+
+
+def hyperparameters(algo: str, env_id: str, steps: int) -> dict[str, Any]:
+    """Keyword arguments for the algorithm: :data:`HYPERPARAMS` or SB3's defaults.
+
+    ``learning_starts`` is capped at half of ``steps`` (as in rl-zoo's own budgets) so that a short
+    budget still trains; ``action_noise_std`` becomes a Gaussian action noise.
+    """
+    params = copy.deepcopy(HYPERPARAMS.get((algo, env_id), {}))  # SB3 may edit policy_kwargs
+    if "learning_starts" in params:
+        params["learning_starts"] = min(params["learning_starts"], steps // 2)
+    return params
+
+
+def _make_model(spec: RunSpec) -> Any:
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    params = hyperparameters(spec.algo, spec.env_id, spec.steps)
+    env = make_vec_env(spec.env_id, n_envs=spec.n_envs, seed=spec.seed)
+    noise_std = params.pop("action_noise_std", None)
+    if noise_std is not None:
+        dim = env.action_space.shape[-1]
+        params["action_noise"] = NormalActionNoise(np.zeros(dim), noise_std * np.ones(dim))
+    policy = "MultiInputPolicy" if hasattr(env.observation_space, "spaces") else "MlpPolicy"
+    return algorithm_class(spec.algo, spec.variant)(policy, env, seed=spec.seed, **params)
+
+
+def _evaluator(spec: RunSpec, model: Any) -> Callable[[], float]:
+    """Mean greedy return over ``eval_episodes``, always from the same start states."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    eval_env = make_vec_env(spec.env_id, n_envs=1, seed=spec.seed + 1_000_000)
+
+    def evaluate() -> float:
+        eval_env.seed(spec.seed + 1_000_000)
+        mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=spec.eval_episodes, deterministic=True)
+        return float(mean)
+
+    return evaluate
+
+
+def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
+    """Train ``spec.algo`` on ``spec.env_id`` with the ``spec.variant`` replay for ``spec.steps`` steps."""
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    import hetero_replay
+
+    torch.set_num_threads(spec.torch_threads)
+    hetero_replay.set_num_threads(spec.torch_threads)
+    start = time.perf_counter()
+    model = _make_model(spec)
+    evaluate = _evaluator(spec, model)
+    eval_steps: list[int] = []
+    eval_returns: list[float] = []
+
+    def record(step: int) -> tuple[float, float]:
+        """Evaluate at ``step``; returns the (wall, CPU) seconds it took."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        eval_steps.append(step)
+        eval_returns.append(evaluate())
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    class EvalAndProgress(BaseCallback):
+        """Evaluates every ``eval_every`` env steps and reports progress; keeps the time evaluations took."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_eval = spec.eval_every
+            self.report_every = max(spec.steps // 100, 1)
+            self.reported = 0
+            self.eval_wall = self.eval_cpu = 0.0
+
+        def _on_step(self) -> bool:
+            done = min(self.num_timesteps, spec.steps)  # SB3 may overshoot by up to train_freq
+            if done - self.reported >= self.report_every:
+                progress(done - self.reported)
+                self.reported = done
+            if self.num_timesteps >= self.next_eval:
+                self.next_eval += spec.eval_every
+                if self.num_timesteps < spec.steps:  # the final evaluation follows learn()
+                    wall, cpu = record(self.num_timesteps)
+                    self.eval_wall += wall
+                    self.eval_cpu += cpu
+            return True
+
+    callback = EvalAndProgress()
+    record(0)
+    wall, cpu = time.perf_counter(), time.process_time()
+    model.learn(spec.steps, callback=callback)
+    train_s = time.perf_counter() - wall - callback.eval_wall
+    train_cpu_s = time.process_time() - cpu - callback.eval_cpu
+    progress(spec.steps - callback.reported)
+    record(spec.steps)
+    extra: dict[str, Any] = {"train_cpu_s": train_cpu_s, "env_steps_done": int(model.num_timesteps)}
+    buffer = model.replay_buffer
+    if hasattr(buffer, "update_priorities"):
+        extra.update(final_beta=buffer.beta, max_priority=buffer.max_priority)
+    return RunResult(
+        spec=spec,
+        wall_s=time.perf_counter() - start,
+        train_s=train_s,
+        eval_steps=eval_steps,
+        eval_returns=eval_returns,
+        extra=extra,
+    )
+
+
+register_runner("sb3", VARIANTS, ALGOS, run)

@@ -1,0 +1,244 @@
+"""The Tianshou runner: one off-policy algorithm with Tianshou's PER, ours, or uniform replay.
+
+Variants, baseline first:
+
+* ``stock-per`` — Tianshou's ``PrioritizedVectorReplayBuffer`` with the stock
+  algorithm. Beta is annealed from a ``training_fn``, through
+  ``PrioritizedReplayBuffer.set_beta`` because the vector buffer's own
+  ``set_beta`` never reaches sampling.
+* ``hetero-per`` — :class:`~hetero_replay.adapters.tianshou.HeteroPrioritizedVectorReplayBuffer`
+  with the algorithm wrapped in :class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper`.
+* ``uniform`` — Tianshou's ``VectorReplayBuffer``.
+
+Both PER variants use alpha 0.6 and beta annealed linearly from 0.4 to 1 over
+the run. Every variant gets the same hyperparameters (:data:`HYPERPARAMS`;
+DQN on CartPole as in ``shared/notes/host-libraries.md`` §2). Each run first
+collects ``warmup_steps`` random transitions (untimed, not counted in
+``steps``), then trains in epochs of ``eval_every`` env steps with Tianshou's
+``OffPolicyTrainer``; between epochs the greedy policy is evaluated on
+separate envs reseeded identically each time, so every point of a curve is
+scored on the same start states. ``train_s`` covers the epochs only. Epochs are
+whole update phases (``collect_per_env * n_envs`` env steps), so a run may do
+a few more than ``steps`` env steps (``extra["env_steps_done"]``; e.g. 10,080
+for 10,000 with 4 envs); all variants do the same number.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetero_replay.compare.base import RunResult, RunSpec, register_runner
+
+ALGOS = ("dqn", "ddpg", "td3", "sac")
+VARIANTS = ("stock-per", "hetero-per", "uniform")
+
+#: Priority exponent and beta schedule of both PER variants.
+ALPHA, BETA_START, BETA_END = 0.6, 0.4, 1.0
+
+
+@dataclass(frozen=True)
+class Hyperparams:
+    """What a run of one algorithm needs besides the :class:`RunSpec`."""
+
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    lr: float = 1e-3
+    gamma: float = 0.99
+    batch_size: int = 64
+    buffer_size: int = 50_000
+    warmup_steps: int = 1000  # random transitions collected before training
+    collect_per_env: int = 4  # env steps per env between update phases
+    updates_per_step: float = 0.25  # gradient steps per collected env step
+    extra: dict[str, Any] = field(default_factory=dict)  # algorithm-specific arguments
+
+
+#: Per algorithm. DQN: the stock setup of the notes (target network every 250
+#: gradient steps, MSE loss, epsilon 1 -> 0.05 over 30% of the run).
+HYPERPARAMS: dict[str, Hyperparams] = {
+    "dqn": Hyperparams(extra=dict(target_update_freq=250, eps_final=0.05, eps_fraction=0.3)),
+    "ddpg": Hyperparams(buffer_size=20_000, collect_per_env=1, updates_per_step=1.0, extra=dict(noise=0.1)),
+    "td3": Hyperparams(buffer_size=20_000, collect_per_env=1, updates_per_step=1.0, extra=dict(noise=0.1)),
+    "sac": Hyperparams(buffer_size=20_000, collect_per_env=1, updates_per_step=1.0, extra=dict(alpha=0.2)),
+}
+
+
+def make_algorithm(algo: str, env: Any, hp: Hyperparams) -> Any:
+    """A stock Tianshou ``algo`` (DQN, DDPG, TD3 or SAC) for ``env``'s spaces.
+
+    Raises:
+        ValueError: the action space does not suit ``algo`` (DQN needs a discrete one,
+            the others a continuous one).
+    """
+    from gymnasium import spaces
+    from tianshou.algorithm import DDPG, DQN
+    from tianshou.algorithm.modelfree.ddpg import ContinuousDeterministicPolicy
+    from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
+    from tianshou.algorithm.modelfree.sac import SAC, SACPolicy
+    from tianshou.algorithm.modelfree.td3 import TD3
+    from tianshou.algorithm.optim import AdamOptimizerFactory
+    from tianshou.exploration import GaussianNoise
+    from tianshou.utils.net.common import Net
+    from tianshou.utils.net.continuous import (
+        ContinuousActorDeterministic,
+        ContinuousActorProbabilistic,
+        ContinuousCritic,
+    )
+
+    obs_shape = env.observation_space.shape
+    optim = AdamOptimizerFactory(lr=hp.lr)
+    if algo == "dqn":
+        if not isinstance(env.action_space, spaces.Discrete):
+            raise ValueError(f"dqn needs a discrete action space, got {env.action_space}")
+        model = Net(state_shape=obs_shape, action_shape=int(env.action_space.n), hidden_sizes=list(hp.hidden_sizes))
+        policy = DiscreteQLearningPolicy(model=model, action_space=env.action_space, eps_training=1.0, eps_inference=0.0)
+        return DQN(policy=policy, optim=optim, gamma=hp.gamma, target_update_freq=hp.extra["target_update_freq"],
+                   is_double=False)  # fmt: skip
+    if not isinstance(env.action_space, spaces.Box):
+        raise ValueError(f"{algo} needs a continuous (Box) action space, got {env.action_space}")
+    act_shape = env.action_space.shape
+
+    def critic() -> ContinuousCritic:
+        net = Net(state_shape=obs_shape, action_shape=act_shape, hidden_sizes=list(hp.hidden_sizes), concat=True)
+        return ContinuousCritic(preprocess_net=net)
+
+    actor_net = Net(state_shape=obs_shape, hidden_sizes=list(hp.hidden_sizes))
+    if algo == "sac":
+        sac_actor = ContinuousActorProbabilistic(preprocess_net=actor_net, action_shape=act_shape, unbounded=True,
+                                                 conditioned_sigma=True)  # fmt: skip
+        return SAC(policy=SACPolicy(actor=sac_actor, action_space=env.action_space), policy_optim=optim,
+                   critic=critic(), critic_optim=optim, critic2=critic(), gamma=hp.gamma, alpha=hp.extra["alpha"])  # fmt: skip
+    actor = ContinuousActorDeterministic(preprocess_net=actor_net, action_shape=act_shape)
+    deterministic = ContinuousDeterministicPolicy(actor=actor, exploration_noise=GaussianNoise(sigma=hp.extra["noise"]),
+                                                  action_space=env.action_space)  # fmt: skip
+    if algo == "td3":
+        return TD3(policy=deterministic, policy_optim=optim, critic=critic(), critic_optim=optim, critic2=critic(),
+                   gamma=hp.gamma)  # fmt: skip
+    return DDPG(policy=deterministic, policy_optim=optim, critic=critic(), critic_optim=optim, gamma=hp.gamma)
+
+
+def make_buffer(variant: str, hp: Hyperparams, n_envs: int, seed: int) -> Any:
+    """The replay buffer of ``variant``, with ``n_envs`` sub-buffers."""
+    from tianshou.data import PrioritizedVectorReplayBuffer, VectorReplayBuffer
+
+    from hetero_replay.adapters.tianshou import HeteroPrioritizedVectorReplayBuffer
+
+    if variant == "stock-per":
+        return PrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=ALPHA, beta=BETA_START)
+    if variant == "hetero-per":
+        return HeteroPrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=ALPHA, beta=BETA_START, random_seed=seed)
+    if variant == "uniform":
+        return VectorReplayBuffer(hp.buffer_size, n_envs)
+    raise ValueError(f"tianshou has the variants {VARIANTS}, not {variant!r}")
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
+    """Train ``spec.algo`` on ``spec.env_id`` with the ``spec.variant`` replay for ``spec.steps`` env steps."""
+    import gymnasium as gym
+    import torch
+    from tianshou.data import Collector, CollectStats, PrioritizedReplayBuffer
+    from tianshou.env import DummyVectorEnv
+    from tianshou.trainer import OffPolicyTrainerParams
+
+    import hetero_replay
+    from hetero_replay.adapters.tianshou import LinearBetaSchedule, PEROffPolicyWrapper
+
+    if spec.algo not in ALGOS or spec.variant not in VARIANTS:
+        raise ValueError(f"tianshou runs {ALGOS} in variants {VARIANTS}, not {spec.algo!r} / {spec.variant!r}")
+    start = time.perf_counter()
+    torch.set_num_threads(spec.torch_threads)
+    hetero_replay.set_num_threads(spec.torch_threads)
+    np.random.seed(spec.seed)  # Tianshou's PER and Gaussian exploration noise draw from np.random
+    torch.manual_seed(spec.seed)
+    hp = HYPERPARAMS[spec.algo]
+
+    train_envs = DummyVectorEnv([lambda: gym.make(spec.env_id) for _ in range(spec.n_envs)])
+    train_envs.seed(spec.seed)
+    eval_envs = DummyVectorEnv([lambda: gym.make(spec.env_id) for _ in range(spec.eval_episodes)])
+    algorithm = make_algorithm(spec.algo, gym.make(spec.env_id), hp)
+    buffer = make_buffer(spec.variant, hp, spec.n_envs, spec.seed)
+
+    # Env steps per update phase; epochs and the run are whole numbers of phases.
+    collect_steps = hp.collect_per_env * spec.n_envs
+    epoch_steps = _round_up(spec.eval_every, collect_steps)
+    num_epochs = max(1, math.ceil(spec.steps / epoch_steps))
+    num_updates = round(num_epochs * epoch_steps * hp.updates_per_step)
+    if spec.variant == "hetero-per":
+        algorithm = PEROffPolicyWrapper(
+            wrapped_algorithm=algorithm, beta=LinearBetaSchedule(BETA_START, BETA_END, max(1, num_updates))
+        )
+    policy = algorithm.policy
+    total_steps = num_epochs * epoch_steps
+
+    def training_fn(epoch: int, env_step: int) -> None:
+        fraction = min(1.0, env_step / total_steps)
+        if spec.algo == "dqn":
+            eps_final, eps_fraction = hp.extra["eps_final"], hp.extra["eps_fraction"]
+            policy.set_eps_training(max(eps_final, 1.0 - (1.0 - eps_final) * fraction / eps_fraction))
+        if spec.variant == "stock-per":  # the manager's own beta: its set_beta only reaches the children
+            PrioritizedReplayBuffer.set_beta(buffer, BETA_START + (BETA_END - BETA_START) * fraction)
+
+    training_collector = Collector[CollectStats](algorithm, train_envs, buffer, exploration_noise=True)
+    training_collector.reset()
+    training_collector.collect(n_step=_round_up(hp.warmup_steps, spec.n_envs), random=True)
+    eval_collector = Collector[CollectStats](algorithm, eval_envs)
+    eval_steps: list[int] = []
+    eval_returns: list[float] = []
+
+    def evaluate(step: int) -> None:
+        eval_envs.seed(spec.seed + 1_000_000)  # the same start states at every evaluation
+        eval_collector.reset()
+        stats = eval_collector.collect(n_episode=spec.eval_episodes)
+        assert stats.returns_stat is not None  # set whenever episodes were collected
+        eval_steps.append(step)
+        eval_returns.append(float(stats.returns_stat.mean))
+
+    trainer = algorithm.create_trainer(
+        OffPolicyTrainerParams(
+            training_collector=training_collector, test_collector=None, max_epochs=num_epochs,
+            epoch_num_steps=epoch_steps, collection_step_num_env_steps=collect_steps,
+            update_step_num_gradient_steps_per_sample=hp.updates_per_step, batch_size=hp.batch_size,
+            training_fn=training_fn, verbose=False, show_progress=False,
+        )  # fmt: skip
+    )
+    evaluate(0)
+    trainer.reset()
+    train_s = train_cpu_s = 0.0
+    env_steps = reported = 0
+    for _ in range(num_epochs):
+        wall, cpu = time.perf_counter(), time.process_time()
+        epoch = trainer.execute_epoch()
+        train_s += time.perf_counter() - wall
+        train_cpu_s += time.process_time() - cpu
+        env_steps = epoch.info_stat.train_step  # the collector's count since trainer.reset()
+        progress(min(env_steps, spec.steps) - reported)
+        reported = min(env_steps, spec.steps)
+        evaluate(env_steps)
+
+    extra: dict[str, Any] = {
+        "train_cpu_s": train_cpu_s,
+        "env_steps_done": int(env_steps),
+        "warmup_steps": _round_up(hp.warmup_steps, spec.n_envs),
+        "gradient_steps": num_updates,
+    }
+    if spec.variant != "uniform":
+        extra.update(final_beta=float(buffer._beta), max_priority=float(buffer._max_prio))
+    return RunResult(
+        spec=spec,
+        wall_s=time.perf_counter() - start,
+        train_s=train_s,
+        eval_steps=eval_steps,
+        eval_returns=eval_returns,
+        extra=extra,
+    )
+
+
+register_runner("tianshou", VARIANTS, ALGOS, run)
