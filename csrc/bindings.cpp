@@ -103,26 +103,27 @@ struct PySumTree {
   }
 };
 
-// Each source: an array whose rows are `stride` bytes apart and whose row
-// content is contiguous. Holds references so the memory outlives it.
-struct PyRowGather {
+// Each field: an array whose rows are `stride` bytes apart and whose row
+// content is contiguous (e.g. a field view of a record array). Holds
+// references so the memory outlives it.
+struct PyRowAccess {
   std::vector<py::array> sources;
   std::vector<RowField> fields;
   int64_t rows = 0;
 
-  explicit PyRowGather(const py::list& arrays) {
+  explicit PyRowAccess(const py::list& arrays) {
     for (py::handle h : arrays) {
-      if (!py::isinstance<py::array>(h)) throw py::type_error("RowGather sources must be numpy arrays");
+      if (!py::isinstance<py::array>(h)) throw py::type_error("RowAccess fields must be numpy arrays");
       py::array a = py::reinterpret_borrow<py::array>(h);
-      if (a.ndim() < 1) throw py::value_error("RowGather sources need a leading row axis");
+      if (a.ndim() < 1) throw py::value_error("RowAccess fields need a leading row axis");
       int64_t bytes = a.itemsize();
       for (py::ssize_t d = a.ndim() - 1; d >= 1; --d) {  // rows must be contiguous inside
         if (a.shape(d) > 1 && a.strides(d) != bytes)
-          throw py::value_error("RowGather: the rows of each source must be contiguous");
+          throw py::value_error("RowAccess: the rows of each field must be contiguous");
         bytes *= a.shape(d);
       }
       if (!sources.empty() && a.shape(0) != rows)
-        throw py::value_error("RowGather: sources differ in their number of rows");
+        throw py::value_error("RowAccess: fields differ in their number of rows");
       rows = a.shape(0);
       sources.push_back(a);
       fields.push_back({static_cast<const char*>(a.data()), a.strides(0), bytes});
@@ -152,6 +153,38 @@ struct PyRowGather {
     }
     return outs;
   }
+
+  // Rows start, start + 1, ... (wrapping) of each field <- the rows of
+  // values[f], which must match the field's dtype and row shape exactly (the
+  // caller casts). One call instead of a NumPy assignment per field.
+  void write(int64_t start, const py::list& values) {
+    if (static_cast<size_t>(py::len(values)) != sources.size())
+      throw py::value_error("RowAccess.write: expected one array per field");
+    std::vector<py::array> src;
+    int64_t n = -1;
+    for (size_t f = 0; f < sources.size(); ++f) {
+      py::array a = py::array::ensure(values[f]);
+      if (!a || !(a.flags() & py::array::c_style) || !a.dtype().is(sources[f].dtype()) ||
+          a.ndim() != sources[f].ndim())
+        throw py::value_error("RowAccess.write: array " + std::to_string(f) +
+                              " must be C-contiguous with the field's dtype and rank");
+      for (py::ssize_t d = 1; d < a.ndim(); ++d)
+        if (a.shape(d) != sources[f].shape(d))
+          throw py::value_error("RowAccess.write: array " + std::to_string(f) + " has the wrong row shape");
+      if (n >= 0 && a.shape(0) != n) throw py::value_error("RowAccess.write: arrays differ in rows");
+      n = a.shape(0);
+      src.push_back(a);
+    }
+    if (start < 0 || start >= rows || n > rows)
+      throw py::value_error("RowAccess.write: start or row count outside the storage");
+    for (size_t f = 0; f < fields.size(); ++f) {
+      const RowField& fd = fields[f];
+      char* base = static_cast<char*>(sources[f].mutable_data());
+      const char* in = static_cast<const char*>(src[f].data());
+      for (int64_t i = 0; i < n; ++i)
+        copy_row(base + ((start + i) % rows) * fd.stride, in + i * fd.bytes, fd.bytes);
+    }
+  }
 };
 
 std::unique_ptr<PySumTree> make_py_tree(int64_t capacity, int fanout, py::object dtype) {
@@ -176,14 +209,16 @@ PYBIND11_MODULE(_native, m) {
   m.def("set_num_threads", &set_num_threads, py::arg("n"),
         "Sets the threads used by large batch operations (1 = serial).");
 
-  py::class_<PyRowGather>(m, "RowGather", R"doc(
-Gathers rows of several arrays that share a leading row axis (e.g. the fields of
-a transition store, contiguous or interleaved in one record array). Rows of the
-next samples are prefetched and large batches use several threads.
+  py::class_<PyRowAccess>(m, "RowAccess", R"doc(
+Row reads and ring writes over several arrays that share a leading row axis
+(the fields of a transition store, interleaved in one record array). Gathers
+prefetch the rows of the next samples and split large batches across threads.
 )doc")
-      .def(py::init<py::list>(), py::arg("sources"))
-      .def("__call__", &PyRowGather::gather, py::arg("indices"),
-           "New arrays holding rows `indices` of each source.");
+      .def(py::init<py::list>(), py::arg("fields"))
+      .def("gather", &PyRowAccess::gather, py::arg("indices"),
+           "New arrays holding rows `indices` of each field.")
+      .def("write", &PyRowAccess::write, py::arg("start"), py::arg("values"),
+           "Writes the rows of values[f] into field f at start, start + 1, ... (wrapping).");
 
   py::class_<PySumTree>(m, "SumTree", R"doc(
 K-ary sum tree over `capacity` leaves with an exact minimum of the positive leaves.

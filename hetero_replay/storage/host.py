@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from hetero_replay._native import RowGather
+from hetero_replay._native import RowAccess
 from hetero_replay.storage.schema import Schema
 
 
@@ -42,7 +42,10 @@ class HostStorage:
             for name, field in self.schema.items()
         }
         self._names = list(self.arrays)
-        self._gather = RowGather(list(self.arrays.values()))
+        self._name_set = set(self._names)
+        self._fields = list(self.schema.items())
+        self._castable: set[tuple[str, np.dtype]] = set()  # (field, source dtype) pairs seen valid
+        self._rows = RowAccess(list(self.arrays.values()))
 
     def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
         """Check a batch against the schema; return ``(rows, arrays)``.
@@ -53,30 +56,30 @@ class HostStorage:
         """
         if not isinstance(batch, Mapping):
             raise TypeError(f"a batch is a mapping of field name -> array, got {type(batch).__name__}")
-        missing = [n for n in self.schema if n not in batch]
-        unknown = [n for n in batch if n not in self.schema]
-        if missing or unknown:
+        if batch.keys() != self._name_set:
+            missing = [n for n in self._names if n not in batch]
+            unknown = [n for n in batch if n not in self._name_set]
             raise ValueError(
                 f"batch fields do not match the schema: missing {missing}, unknown {unknown}; "
-                f"expected {list(self.schema)}"
+                f"expected {self._names}"
             )
         rows = None
         out: dict[str, np.ndarray] = {}
-        for name, field in self.schema.items():
+        for name, field in self._fields:
             arr = np.asarray(batch[name])
-            expected = ("n", *field.shape)
-            if arr.ndim != len(expected) or arr.shape[1:] != field.shape:
-                raise ValueError(f"field {name!r}: expected shape {_fmt(expected)}, got {arr.shape}")
-            if not np.can_cast(arr.dtype, field.dtype, casting="same_kind"):
-                raise ValueError(
-                    f"field {name!r}: dtype {arr.dtype} does not cast to {field.dtype} "
-                    f"(expected shape {_fmt(expected)}, dtype {field.dtype})"
-                )
+            if arr.shape[1:] != field.shape or arr.ndim != len(field.shape) + 1:
+                raise ValueError(f"field {name!r}: expected shape {_fmt(('n', *field.shape))}, got {arr.shape}")
+            if (name, arr.dtype) not in self._castable:
+                if not np.can_cast(arr.dtype, field.dtype, casting="same_kind"):
+                    raise ValueError(
+                        f"field {name!r}: dtype {arr.dtype} does not cast to {field.dtype} "
+                        f"(expected shape {_fmt(('n', *field.shape))}, dtype {field.dtype})"
+                    )
+                self._castable.add((name, arr.dtype))
             if rows is None:
                 rows = arr.shape[0]
             elif arr.shape[0] != rows:
-                first = next(iter(self.schema))
-                raise ValueError(f"field {name!r} has {arr.shape[0]} rows but {first!r} has {rows}")
+                raise ValueError(f"field {name!r} has {arr.shape[0]} rows but {self._names[0]!r} has {rows}")
             out[name] = arr
         assert rows is not None
         if rows > self.capacity:
@@ -84,7 +87,15 @@ class HostStorage:
         return rows, out
 
     def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
-        """Write validated rows at ring positions ``start, start + 1, ...`` (wrapping)."""
+        """Write validated rows at ring positions ``start, start + 1, ...`` (wrapping).
+
+        ``arrays`` holds every field (as :meth:`validate` returns them) or a subset.
+        """
+        if arrays.keys() == self._name_set:  # the common case: one C++ call for all fields
+            self._rows.write(
+                start, [np.ascontiguousarray(arrays[n], dtype=f.dtype) for n, f in self._fields]
+            )
+            return
         for name, arr in arrays.items():
             rows, dst = len(arr), self.arrays[name]
             head = min(rows, self.capacity - start)
@@ -94,7 +105,7 @@ class HostStorage:
 
     def gather(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """Rows at ``indices``, one new contiguous array per field."""
-        return dict(zip(self._names, self._gather(indices)))
+        return dict(zip(self._names, self._rows.gather(indices)))
 
 
 def record_layout(schema: Schema) -> tuple[dict[str, int], int]:
