@@ -10,8 +10,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test bench clean
 
+# ~4 minutes on 2 cores: SB3 DQN on CartPole with the stock uniform buffer vs PERDQN (2 seeds),
+# then the quick replay benchmark against cpprb, TorchRL, Tianshou and SB3.
 demo: $(STAMP)
-	$(BIN)/hetero-replay demo
+	$(BIN)/hetero-replay compare --lib sb3 --algo dqn --env CartPole-v1 --steps 15000 --seeds 2 --eval-every 1500
+	$(BIN)/python benchmarks/bench_replay.py --quick
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -152,7 +152,7 @@ def _header(results: Results) -> list[str]:
         f"- **Method:** median of {plan['repeats']} interleaved repeats (round-robin over every "
         f"contender and operation of a cell), each ≥ {plan['min_time']} s of back-to-back calls after "
         f"{meth['warmup_calls']} warm-up calls; {meth['gc']}",
-    ] + ([f"- **Unavailable:** " + "; ".join(f"{k} ({v})" for k, v in results["unavailable"].items())]
+    ] + (["- **Unavailable:** " + "; ".join(f"{k} ({v})" for k, v in results["unavailable"].items())]
          if results["unavailable"] else [])
 
 

@@ -1,7 +1,6 @@
 """The ``hetero-replay`` command.
 
     hetero-replay info       what this installation has: backends, threads
-    hetero-replay demo       build a buffer, run a PER learner loop, print timings
     hetero-replay compare    stock replay vs PER in SB3 / Tianshou training runs, over seeds
 """
 
@@ -9,13 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Callable, Sequence
 
-import numpy as np
-
 import hetero_replay
-from hetero_replay import PrioritizedReplay, Schema
 
 Command = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, tuple[Command, Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -36,45 +31,6 @@ def info(args: argparse.Namespace) -> int:
     print(f"hetero-replay {hetero_replay.__version__}")
     print(f"tree backends : {', '.join(hetero_replay.backends())}")
     print(f"threads       : {hetero_replay.num_threads()}")
-    return 0
-
-
-def _demo_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--capacity", type=int, default=200_000, help="transitions in the buffer")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--steps", type=int, default=2000, help="learner steps per backend")
-    p.add_argument("--seed", type=int, default=0)
-
-
-@command("demo", "fill a buffer and time a PER learner loop on each backend", _demo_arguments)
-def demo(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    schema = Schema({"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
-                     "next_obs": ((4,), np.float32), "done": ((), np.float32)})
-    rng = np.random.default_rng(args.seed)
-    chunk = 10_000
-    print(f"PER learner loop: capacity {args.capacity:,}, batch {args.batch_size}, {args.steps} steps\n")
-    print(f"{'backend':<8} {'fill s':>8} {'steps/s':>10} {'mean IS w':>10} {'max prio':>9}")
-    for backend in hetero_replay.backends():
-        buf = PrioritizedReplay(args.capacity, schema, tree=backend, seed=args.seed)
-        t0 = time.perf_counter()
-        for start in range(0, args.capacity, chunk):
-            n = min(chunk, args.capacity - start)
-            buf.add({"obs": rng.standard_normal((n, 4)), "action": rng.integers(0, 2, n),
-                     "reward": np.ones(n), "next_obs": rng.standard_normal((n, 4)), "done": np.zeros(n)})
-        fill = time.perf_counter() - t0
-        weights = []
-        t0 = time.perf_counter()
-        for step in tqdm(range(args.steps), desc=backend, leave=False, disable=not sys.stderr.isatty()):
-            batch = buf.sample(args.batch_size)
-            # stand-in TD errors: larger for transitions with larger |obs|
-            td = np.abs(batch.data["obs"]).sum(axis=1) * rng.random(args.batch_size)
-            buf.update_priorities(batch.indices, td)
-            buf.beta = min(1.0, 0.4 + 0.6 * step / args.steps)
-            weights.append(batch.weights.mean())
-        rate = args.steps / (time.perf_counter() - t0)
-        print(f"{backend:<8} {fill:>8.2f} {rate:>10,.0f} {np.mean(weights):>10.3f} {buf.max_priority:>9.2f}")
     return 0
 
 

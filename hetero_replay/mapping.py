@@ -13,6 +13,10 @@ them, and turns into the arguments of the pieces that run them:
 >>> m.learner_device
 'cpu'
 
+The Stable-Baselines3 and Tianshou adapters take a mapping directly
+(``PERDQN(..., mapping=m)``, ``HeteroPrioritizedVectorReplayBuffer(..., mapping=m)``,
+``PEROffPolicyWrapper(..., mapping=m)``).
+
 ``sample`` and ``update`` act on one sum tree, so they name the same device.
 :meth:`Mapping.transfers` lists what a training step moves between devices
 under the mapping, and :class:`TransferCounter` counts what it really moves.
@@ -148,6 +152,16 @@ class Mapping:
             "device": None if host_batches else self.train,
         }
 
+    def checked(self) -> "Mapping":
+        """This mapping, checked against this machine now.
+
+        Also for a mapping built with ``check=False`` or checked on another
+        machine (unpickled with a saved model); a missing device raises
+        :class:`DeviceUnavailableError` naming the primitive. The adapters call
+        this when they build a model or buffer from a mapping.
+        """
+        return dataclasses.replace(self, check=True)
+
     def transfers(self) -> tuple[Transfer, ...]:
         """What one training step (sample, train, update) moves between devices.
 
@@ -183,6 +197,31 @@ class Mapping:
             )
         if self.tree_backend == "torch" and importlib.util.find_spec("torch") is None:
             raise DeviceUnavailableError("sample/update: tree backend 'torch' needs torch installed")
+
+
+def one_policy_mapping(mapping: Any, library: str) -> Mapping:
+    """``mapping``, checked for a library whose one policy both acts and trains.
+
+    Stable-Baselines3 and Tianshou act with the network they train, so the
+    ``inference`` and ``train`` primitives must share a device.
+
+    Args:
+        mapping: the user's :class:`Mapping`.
+        library: who asks, for the error messages (e.g. ``"PERDQN"``).
+
+    Raises:
+        TypeError: ``mapping`` is not a :class:`Mapping`.
+        ValueError: ``inference`` and ``train`` name different devices.
+        DeviceUnavailableError: a device of the mapping is missing here.
+    """
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"mapping must be a hetero_replay.mapping.Mapping, got {type(mapping).__name__}")
+    if mapping.inference != mapping.train:
+        raise ValueError(
+            f"{library} acts and trains with one policy on one device, but the mapping puts "
+            f"inference on {mapping.inference!r} and train on {mapping.train!r}; give both the same device"
+        )
+    return mapping.checked()
 
 
 def _normalise(what: str, device: Any) -> str:
@@ -273,4 +312,13 @@ class TransferCounter:
             self.scalar_reads += 1
 
 
-__all__ = ["HOST", "PINNED", "PRIMITIVES", "DeviceUnavailableError", "Mapping", "Transfer", "TransferCounter"]
+__all__ = [
+    "HOST",
+    "PINNED",
+    "PRIMITIVES",
+    "DeviceUnavailableError",
+    "Mapping",
+    "Transfer",
+    "TransferCounter",
+    "one_policy_mapping",
+]

@@ -60,8 +60,8 @@ class TorchBatchReplay(PrioritizedReplay):
             hasattr(tree, "sample_rows")
             and isinstance(self.storage, TorchStorage)
             and not self.storage.pin_memory
-            and _same_device(self.storage.device, tree.device)
-            and _same_device(self.device, self.storage.device)
+            and same_device(self.storage.device, tree.device)
+            and same_device(self.device, self.storage.device)
         )
 
     def sample(self, batch_size: int, beta: float | None = None) -> Sample:
@@ -110,7 +110,7 @@ class TorchBatchReplay(PrioritizedReplay):
         return super().__repr__()[:-1] + f", storage={self._placement['storage']}, device={self.device})"
 
 
-def _same_device(a: Any, b: Any) -> bool:
+def same_device(a: Any, b: Any) -> bool:
     """Whether two device names mean one device (``"cuda"`` is the current CUDA device)."""
     da, db = torch.device(a), torch.device(b)
     if da.type != db.type:
@@ -126,4 +126,4 @@ def _host(x: Any) -> Any:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
 
 
-__all__ = ["TorchBatchReplay"]
+__all__ = ["TorchBatchReplay", "same_device"]

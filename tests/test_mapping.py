@@ -9,7 +9,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hetero_replay import PrioritizedReplay  # noqa: E402
-from hetero_replay.mapping import PRIMITIVES, DeviceUnavailableError, Mapping, Transfer, TransferCounter  # noqa: E402
+from hetero_replay.mapping import (  # noqa: E402
+    PRIMITIVES,
+    DeviceUnavailableError,
+    Mapping,
+    Transfer,
+    TransferCounter,
+    one_policy_mapping,
+)
 from hetero_replay.torch_replay import TorchBatchReplay  # noqa: E402
 from tests.conftest import SCHEMA, make_batch  # noqa: E402
 
@@ -75,6 +82,26 @@ def test_gpu_mappings_described_without_a_gpu():
     hybrid = Mapping.cpu_replay_gpu_learner(check=False)
     assert hybrid.replay_kwargs() == {"tree": "native", "tree_device": None, "storage": "pinned", "device": "cuda:0"}
     assert [t.what for t in hybrid.transfers()] == ["transitions", "weights", "td errors"]
+
+
+def test_checked_checks_a_described_mapping_now():
+    described = Mapping(storage="cpu", tree="torch", check=False)
+    checked = described.checked()
+    assert checked == described and checked.check
+
+
+@no_cuda
+def test_checked_reports_an_absent_device_naming_the_primitive():
+    with pytest.raises(DeviceUnavailableError, match="^train: 'cuda:0' requested"):
+        Mapping(train="cuda", check=False).checked()
+
+
+def test_one_policy_mapping_needs_inference_and_train_on_one_device():
+    assert one_policy_mapping(Mapping(tree="torch", check=False), "SB3").check
+    with pytest.raises(TypeError, match="mapping must be a hetero_replay.mapping.Mapping, got dict"):
+        one_policy_mapping({"train": "cpu"}, "SB3")
+    with pytest.raises(ValueError, match="^SB3 acts and trains with one policy.*inference on 'cpu' and train on 'cuda:1'"):
+        one_policy_mapping(Mapping(train="cuda:1", check=False), "SB3")
 
 
 def test_transfer_counter_sees_copies_host_inputs_and_scalar_reads():

@@ -5,6 +5,14 @@ TD3 and SAC; ``DictPrioritizedReplayBuffer`` is its counterpart for
 ``MultiInputPolicy`` (``Dict`` observation spaces). Transitions live in the
 core engine (:class:`hetero_replay.PrioritizedReplay`), not in SB3's NumPy
 arrays: one priority per transition, sampled and updated in one native call each.
+
+Placement: with ``mapping=`` (a :class:`hetero_replay.mapping.Mapping`) the core
+engine is built from ``mapping.replay_kwargs()``: the tree backend and its
+device, where transitions are stored, and the learner's device. When the
+engine hands out torch tensors already on the learner's device (storage on a
+device, or a GPU learner), :meth:`~PrioritizedReplayBuffer.sample` passes them
+on untouched and :meth:`~PrioritizedReplayBuffer.update_priorities` hands the
+TD-error tensor to the tree where it lives.
 """
 
 from __future__ import annotations
@@ -16,9 +24,12 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.utils import get_device
 from stable_baselines3.common.vec_env import VecNormalize
 
 from hetero_replay import Field, PrioritizedReplay, Schema
+from hetero_replay.mapping import Mapping, one_policy_mapping
+from hetero_replay.torch_replay import TorchBatchReplay, same_device
 
 #: A buffer sampled this many times in a row without ``update_priorities`` warns once.
 WARN_AFTER_SAMPLES = 100
@@ -34,7 +45,8 @@ class PrioritizedReplayBufferSamples(NamedTuple):
     for Dict observations) by name and position, so SB3's own ``train()`` reads
     them unchanged. ``weights`` are the importance-sampling weights, shaped like
     ``rewards``; ``indices`` identify the transitions for
-    :meth:`PrioritizedReplayBuffer.update_priorities`.
+    :meth:`PrioritizedReplayBuffer.update_priorities` (a NumPy array, or a
+    tensor where the tree is when the buffer hands out device batches).
     """
 
     observations: th.Tensor | dict[str, th.Tensor]
@@ -44,7 +56,7 @@ class PrioritizedReplayBufferSamples(NamedTuple):
     rewards: th.Tensor
     discounts: th.Tensor | None
     weights: th.Tensor
-    indices: np.ndarray
+    indices: np.ndarray | th.Tensor
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
@@ -90,11 +102,30 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         seed: seed of the buffer's own random generator. ``None`` draws one from
             NumPy's global generator, which SB3 seeds from the algorithm's
             ``seed`` just before building the buffer, so seeded runs repeat exactly.
+        mapping: where the replay primitives run
+            (:class:`hetero_replay.mapping.Mapping`); ``None`` is the C++ tree
+            (``tree``) with NumPy storage. With a mapping, the tree backend, its
+            device, the storage and the device of sampled batches come from
+            ``mapping.replay_kwargs()``; ``tree`` must stay ``"auto"`` and
+            ``device`` must be ``"auto"`` (then it is the mapping's learner
+            device) or that device. The PER algorithms take ``mapping=`` too and
+            pass it here.
+
+    With device batches (storage on a device, or a learner off the CPU), the
+    sampled tensors come from the core engine untouched, the ``indices`` are a
+    tensor where the tree is, and the array attributes (``observations``,
+    ``dones``, ...) are torch tensors where the storage is. Normalising with a
+    ``VecNormalize`` then takes the batch through the host (it works in NumPy).
 
     Raises:
         ValueError: for ``alpha < 0``, ``beta`` outside ``[0, 1]``, ``eps < 0``,
-            an unknown ``tree``, a bad ``fanout``, or ``optimize_memory_usage``
-            together with ``handle_timeout_termination``.
+            an unknown ``tree``, a bad ``fanout``, ``optimize_memory_usage``
+            together with ``handle_timeout_termination``, a ``mapping`` whose
+            inference and train devices differ (SB3 acts and trains with one
+            policy), or a ``tree`` or ``device`` that contradicts the mapping.
+        TypeError: ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`.
+        hetero_replay.mapping.DeviceUnavailableError: the mapping names a
+            device this machine lacks.
     """
 
     _staged_next_obs: np.ndarray | None  # with optimize_memory_usage: the newest next observations
@@ -116,7 +147,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         priority_dtype: str = "float32",
         stratified: bool = True,
         seed: int | None = None,
+        mapping: Mapping | None = None,
     ) -> None:
+        if mapping is not None:
+            mapping = one_policy_mapping(mapping, type(self).__name__)
+            device = _mapped_device(device, mapping)
+            if tree != "auto":
+                raise ValueError(
+                    f"tree={tree!r} and the mapping both choose the tree backend; "
+                    f"set it in the mapping instead (Mapping(tree={tree!r}, ...))"
+                )
         # Skip ReplayBuffer.__init__: it would allocate SB3's NumPy arrays, a
         # second copy of what the core engine stores.
         super(ReplayBuffer, self).__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs)
@@ -132,6 +172,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             alpha=alpha, beta=beta, eps=eps, tree=tree, fanout=fanout,
             priority_dtype=priority_dtype, stratified=stratified,
         )  # fmt: skip
+        self.mapping = mapping
+        if mapping is not None:
+            self._config.update(mapping.replay_kwargs())
         if seed is None:
             seed = int(np.random.randint(2**31 - 1))
         self._replay = self._make_replay(seed)
@@ -152,9 +195,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             obs = np.reshape(obs, (self.n_envs, *self.obs_shape))
         return {prefix: obs}
 
-    def _observation_tensor(self, prefix: str, data: dict[str, np.ndarray], env: VecNormalize | None) -> th.Tensor:
+    def _observation_tensor(self, prefix: str, data: dict[str, Any], env: VecNormalize | None) -> th.Tensor:
         """Sampled observations from gathered fields, normalised by ``env`` if given."""
-        return self.to_torch(self._normalize_obs(data[prefix], env), copy=False)
+        return self._tensor(self._normalize_obs(data[prefix], env))
+
+    def _tensor(self, value: np.ndarray | th.Tensor) -> th.Tensor:
+        """A sampled field as a tensor on :attr:`device`; the core engine's tensors are already there."""
+        return value if isinstance(value, th.Tensor) else self.to_torch(value, copy=False)
+
+    @property
+    def _device_batches(self) -> bool:
+        """Whether the core engine hands out torch tensors on the learner's device."""
+        return isinstance(self._replay, TorchBatchReplay)
 
     def _make_replay(self, seed: int) -> PrioritizedReplay:
         fields = {(f"obs/{key}" if key else "obs"): f for key, f in self._observation_fields().items()}
@@ -181,10 +233,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Store one row: a transition from each of the ``n_envs`` environments.
 
         The new transitions get the largest priority seen so far. Rows are
-        staged and handed to the core engine in one call per batch of rows
-        (at the latest before the next sample, priority update or read): the
-        engine's per-call cost is then paid once per ``train()``, not per step.
-        Nothing else changes, since priorities only move in :meth:`update_priorities`.
+        staged (in NumPy, on the host, where the environments produce them)
+        and handed to the core engine in one call per batch of rows (at the
+        latest before the next sample, priority update or read): the engine's
+        per-call cost, and with device storage the copy to the device, is then
+        paid once per ``train()``, not per step. Nothing else changes, since
+        priorities only move in :meth:`update_priorities`.
         """
         fields = self._observation_batch("obs", obs)
         fields["action"] = np.reshape(action, (self.n_envs, self.action_dim))
@@ -243,25 +297,44 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         batch = self._replay.sample(batch_size)
         data, indices = batch.data, batch.indices
         if self.optimize_memory_usage:
-            # the next observation of slot i is the observation one row later
-            next_slots = (indices + self.n_envs) % self._replay.capacity
-            data["next_obs"] = self._replay.storage.arrays["obs"].take(next_slots, axis=0)
+            data["next_obs"] = self._next_observations(indices)
+        if env is not None and self._device_batches:
+            # VecNormalize works on NumPy arrays: normalising takes the batch through the host.
+            data = {name: value.cpu().numpy() for name, value in data.items()}
         dones = data["done"]
         if self.handle_timeout_termination:
             dones = dones * (1.0 - data["timeout"])  # as in SB3: no termination at a time limit
         return PrioritizedReplayBufferSamples(
             observations=self._observation_tensor("obs", data, env),
-            actions=self.to_torch(data["action"], copy=False),
+            actions=self._tensor(data["action"]),
             next_observations=self._observation_tensor("next_obs", data, env),
-            dones=self.to_torch(dones.reshape(-1, 1), copy=False),
-            rewards=self.to_torch(self._normalize_reward(data["reward"].reshape(-1, 1), env), copy=False),
+            dones=self._tensor(dones.reshape(-1, 1)),
+            rewards=self._tensor(self._normalize_reward(data["reward"].reshape(-1, 1), env)),
             discounts=None,
-            weights=self.to_torch(batch.weights.reshape(-1, 1), copy=False),
+            weights=self._tensor(batch.weights.reshape(-1, 1)),
             indices=indices,
         )
 
-    def update_priorities(self, indices: np.ndarray, td_errors: th.Tensor | np.ndarray) -> None:
+    def _next_observations(self, indices: np.ndarray | th.Tensor) -> np.ndarray | th.Tensor:
+        """With ``optimize_memory_usage``: the next observations of sampled slots.
+
+        The next observation of slot ``i`` is the observation one row later.
+        Device batches gather them where the storage is and deliver them to
+        the learner's device, like the rest of the batch.
+        """
+        slots = (indices + self.n_envs) % self._replay.capacity
+        obs = self._replay.storage.arrays["obs"]
+        if not self._device_batches:
+            return obs.take(slots, axis=0)
+        obs = th.as_tensor(obs)  # NumPy storage: a view, no copy
+        return obs.index_select(0, slots.to(obs.device)).to(self.device)
+
+    def update_priorities(self, indices: np.ndarray | th.Tensor, td_errors: th.Tensor | np.ndarray) -> None:
         """Set the priorities of sampled transitions to ``(|td_errors| + eps) ** alpha``.
+
+        With device batches the TD errors stay tensors: the core engine hands
+        them to a device tree where they are (with the tree on the learner's
+        device, nothing is copied) and to a host tree as NumPy arrays.
 
         Args:
             indices: the ``indices`` of a sample from this buffer.
@@ -274,17 +347,21 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             IndexError: an index outside the filled part of the buffer.
             Nothing changes on error.
         """
-        if isinstance(td_errors, th.Tensor):
-            td_errors = td_errors.detach().reshape(-1).cpu().numpy()
-        td = np.abs(np.asarray(td_errors).reshape(-1))
-        indices = np.asarray(indices)
+        if self._device_batches:
+            td = th.as_tensor(td_errors).detach().reshape(-1).abs()
+            indices = th.as_tensor(indices)
+        else:
+            if isinstance(td_errors, th.Tensor):
+                td_errors = td_errors.detach().reshape(-1).cpu().numpy()
+            td = np.abs(np.asarray(td_errors).reshape(-1))
+            indices = np.asarray(indices)
         if indices.shape != td.shape:
             raise ValueError(f"update_priorities: {indices.shape[0]} indices but {td.shape[0]} TD errors")
         self._commit()
         if self.optimize_memory_usage and self.full:
             # Transitions overwritten since they were sampled keep priority 0 (see add).
             valid = (indices // self.n_envs) != self.pos
-            indices, td = indices[valid], td[valid]
+            indices, td = indices[valid], td[valid.to(td.device) if self._device_batches else valid]
         self._replay.update_priorities(indices, td)
         self._samples_since_update = 0
 
@@ -329,7 +406,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     # -- SB3's array attributes, as views into the core storage ----------------------
 
     def _rows(self, name: str) -> np.ndarray:
-        """Field ``name`` as a ``(buffer_size, n_envs, ...)`` view (writes go through)."""
+        """Field ``name`` as a ``(buffer_size, n_envs, ...)`` view (writes go through).
+
+        A NumPy array, or a torch tensor where the storage is when it is on a device.
+        """
         self._commit()
         arr = self._replay.storage.arrays[name]
         return arr.reshape(self.buffer_size, self.n_envs, *arr.shape[1:])
@@ -440,11 +520,11 @@ class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer):
         return out
 
     def _observation_tensor(  # type: ignore[override]
-        self, prefix: str, data: dict[str, np.ndarray], env: VecNormalize | None
+        self, prefix: str, data: dict[str, Any], env: VecNormalize | None
     ) -> dict[str, th.Tensor]:
         obs = self._normalize_obs({key: data[f"{prefix}/{key}"] for key in self.obs_shape}, env)
         assert isinstance(obs, dict)
-        return {key: self.to_torch(value, copy=False) for key, value in obs.items()}
+        return {key: self._tensor(value) for key, value in obs.items()}
 
     def _rows_dict(self, prefix: str) -> dict[str, np.ndarray]:
         return {key: self._rows(f"{prefix}/{key}") for key in self.obs_shape}
@@ -456,3 +536,19 @@ class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer):
     @property
     def next_observations(self) -> dict[str, np.ndarray]:  # type: ignore[override]
         return self._rows_dict("next_obs")
+
+
+def _mapped_device(device: th.device | str, mapping: Mapping) -> str:
+    """The buffer's device under ``mapping``: its learner device (``"auto"`` or that device).
+
+    Raises:
+        ValueError: ``device`` is another device; batches must arrive where the network trains.
+    """
+    learner = mapping.learner_device
+    if str(device) != "auto" and not same_device(get_device(device), learner):
+        raise ValueError(
+            f"device {str(device)!r} is not the mapping's learner device {learner!r}: sampled batches go "
+            f"where the network trains. Pass device={learner!r} to the algorithm, or use PERDQN / PERDDPG / "
+            "PERTD3 / PERSAC with mapping=..., which take their device from the mapping"
+        )
+    return learner

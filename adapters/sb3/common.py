@@ -12,10 +12,13 @@ import pathlib
 from typing import Any, Callable
 
 import numpy as np
+import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule
+from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule, get_device
 
 from hetero_replay.adapters.sb3.buffers import DictPrioritizedReplayBuffer, PrioritizedReplayBuffer
+from hetero_replay.mapping import Mapping, one_policy_mapping
+from hetero_replay.torch_replay import TorchBatchReplay, same_device
 
 #: ``progress_remaining`` (1 at the start of training, 0 at the end) -> beta.
 BetaSchedule = Callable[[float], float]
@@ -40,14 +43,34 @@ class PERMixin:
     * ``train()`` logs ``train/per_beta``, ``train/per_mean_weight`` (mean IS
       weight of the sampled batches) and ``train/per_max_priority`` (largest
       ``|TD error| + eps`` so far).
+    * ``mapping`` places the primitives: the model's device is
+      ``mapping.learner_device`` and the buffer is built from the mapping (see
+      :class:`~hetero_replay.adapters.sb3.PrioritizedReplayBuffer`). SB3 acts
+      and trains with one policy, so ``inference`` and ``train`` must agree. A
+      saved model keeps its mapping; ``Model.load(path, mapping=other)``
+      places it anew (the mapping, not ``load``'s ``device``, decides the device).
 
     Args:
         beta_schedule: ``None`` (linear to 1), a constant in ``[0, 1]``, or a
             function of ``progress_remaining`` (1 -> 0) returning beta in ``[0, 1]``.
-        **kwargs: the arguments of the SB3 algorithm.
+        mapping: a :class:`hetero_replay.mapping.Mapping`, or ``None`` for the
+            buffer's defaults (C++ tree, NumPy storage) on SB3's ``device``.
+            ``replay_buffer_kwargs=dict(mapping=...)`` means the same.
+        **kwargs: the arguments of the SB3 algorithm. With a mapping,
+            ``device`` may be left out (or name the mapping's learner device).
+
+    Raises:
+        TypeError: ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`.
+        ValueError: the mapping's inference and train devices differ, or
+            ``device`` or ``replay_buffer_kwargs`` contradict the mapping.
+        hetero_replay.mapping.DeviceUnavailableError: the mapping names a device
+            this machine lacks (also for a mapping built with ``check=False``).
     """
 
+    mapping: Mapping | None
+
     # provided by the SB3 algorithm this mixes into
+    device: th.device
     replay_buffer: PrioritizedReplayBuffer
     replay_buffer_class: type | None
     observation_space: spaces.Space
@@ -55,17 +78,37 @@ class PERMixin:
     _current_progress_remaining: float
     logger: Any
 
-    def __init__(self, *args: Any, beta_schedule: BetaSchedule | float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        beta_schedule: BetaSchedule | float | None = None,
+        mapping: Mapping | None = None,
+        **kwargs: Any,
+    ) -> None:
         if isinstance(beta_schedule, (int, float)) and not 0.0 <= beta_schedule <= 1.0:
             raise ValueError(f"beta_schedule: a constant beta must be in [0, 1], got {beta_schedule}")
         if beta_schedule is not None and not isinstance(beta_schedule, (int, float)) and not callable(beta_schedule):
             raise TypeError(f"beta_schedule must be None, a float or a callable, got {type(beta_schedule).__name__}")
+        buffer_kwargs = dict(kwargs.get("replay_buffer_kwargs") or {})
+        if "mapping" in buffer_kwargs:  # one mapping per model, kept on the model
+            in_buffer_kwargs = buffer_kwargs.pop("mapping")
+            if mapping is not None and in_buffer_kwargs != mapping:
+                raise ValueError(
+                    f"mapping={mapping!r} and replay_buffer_kwargs['mapping']={in_buffer_kwargs!r} differ; pass one"
+                )
+            mapping = in_buffer_kwargs
+            kwargs["replay_buffer_kwargs"] = buffer_kwargs
         self.beta_schedule = beta_schedule
+        self.mapping = mapping
+        # The device asked for, to check against the mapping (load() passes its own here).
+        self._device_arg = kwargs.get("device", "auto")
         super().__init__(*args, **kwargs)
 
     def _setup_model(self) -> None:
         # The one place the PER buffer is chosen and built (SB3 builds it in
         # super()._setup_model from replay_buffer_class / replay_buffer_kwargs).
+        if self.mapping is not None:
+            self._apply_mapping()
         if self.replay_buffer_class is None:
             dict_obs = isinstance(self.observation_space, spaces.Dict)
             self.replay_buffer_class = DictPrioritizedReplayBuffer if dict_obs else PrioritizedReplayBuffer
@@ -81,12 +124,40 @@ class PERMixin:
         elif isinstance(self.beta_schedule, (int, float)):
             self.beta_schedule = ConstantSchedule(float(self.beta_schedule))
 
+    def _apply_mapping(self) -> None:
+        """Check the mapping and make it the model's: its device and its buffer's placement."""
+        mapping = one_policy_mapping(self.mapping, type(self).__name__)
+        learner = mapping.learner_device
+        if str(self._device_arg) != "auto" and not same_device(get_device(self._device_arg), learner):
+            raise ValueError(
+                f"device={str(self._device_arg)!r} contradicts the mapping, whose learner device is {learner!r}; "
+                "leave device out: the mapping sets it"
+            )
+        self.mapping = mapping
+        self.device = get_device(learner)
+        self.replay_buffer_kwargs = {**self.replay_buffer_kwargs, "mapping": mapping}
+
+    def _excluded_save_params(self) -> list[str]:
+        # The device asked for at construction is not saved: load() passes its own.
+        return [*super()._excluded_save_params(), "_device_arg"]  # type: ignore[misc]
+
     def load_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase, truncate_last_traj: bool = True) -> None:
-        """SB3's ``load_replay_buffer``, refusing a buffer without priorities (the current one stays)."""
+        """SB3's ``load_replay_buffer``; the loaded buffer keeps the placement it was saved with.
+
+        Refused, with the current buffer kept: a buffer without priorities, and
+        one whose core engine delivers batches to another device than the
+        model's (``ValueError``).
+        """
         previous = self.replay_buffer
         try:
             super().load_replay_buffer(path, truncate_last_traj)  # type: ignore[misc]
             _require_priorities(type(self.replay_buffer), type(self).__name__)
+            replay = getattr(self.replay_buffer, "replay", None)
+            if isinstance(replay, TorchBatchReplay) and not same_device(replay.device, self.device):
+                raise ValueError(
+                    f"the loaded buffer delivers batches to {str(replay.device)!r}, but {type(self).__name__} "
+                    f"trains on {str(self.device)!r}; load it into a model with the mapping it was saved with"
+                )
         except BaseException:
             self.replay_buffer = previous
             raise

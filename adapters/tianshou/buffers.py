@@ -25,7 +25,20 @@ K-ary tree by default). What changes compared with Tianshou's buffers:
   ``unfinished_index`` (each n-step return) skips the loop over sub-buffers, and
   rows are gathered straight from storage when no frame stacking is involved.
 
-Both survive ``pickle`` and ``save_hdf5``/``load_hdf5`` (the tree pickles).
+Both survive ``pickle`` and ``save_hdf5``/``load_hdf5`` (the tree pickles, with
+its device).
+
+Placement: ``mapping=`` (a :class:`hetero_replay.mapping.Mapping`) puts the tree
+where the mapping's ``sample``/``update`` primitives run, with its backend
+(``Mapping(tree="torch")``: the torch tree on the CPU; ``sample`` and
+``update`` on ``"cuda"``: the tree on the GPU). Only the priorities move: Tianshou keeps
+transitions in its own NumPy ``Batch``, so the mapping's ``storage`` must be
+``"host"``, and sampled indices and IS weights come back to the host, where
+Tianshou indexes its storage. TD errors reach a device tree as the tensor the
+algorithm left (no host round trip); checking that their indices hold stored
+transitions reads those indices' priorities back (Tianshou's stored slots are
+not a prefix of the tree). Put the learner on the mapping's device with
+:class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper`'s ``mapping=``.
 
 Example:
     >>> buf = HeteroPrioritizedVectorReplayBuffer(20_000, buffer_num=4, alpha=0.6, beta=0.4,
@@ -52,6 +65,7 @@ from tianshou.data import (
 from tianshou.data.batch import IndexType
 from tianshou.data.types import PrioBatchProtocol
 
+from hetero_replay.mapping import HOST, Mapping
 from hetero_replay.trees import SumTree, make_tree
 
 #: Tianshou's own default for the constant added to |TD error| (float32 machine epsilon).
@@ -92,6 +106,7 @@ class _TreePriorities:
     """
 
     priority_tree: SumTree
+    mapping: Mapping | None
     _alpha: float
     _beta: float
     _eps: float
@@ -109,12 +124,19 @@ class _TreePriorities:
         fanout: int,
         stratified: bool,
         random_seed: int | None,
+        mapping: Mapping | None,
     ) -> None:
         if not (math.isfinite(alpha) and alpha >= 0):
             raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
         if not (math.isfinite(eps) and eps > 0):
             raise ValueError(f"eps must be finite and > 0 (so no stored transition has priority 0), got {eps}")
-        self.priority_tree = make_tree(backend, capacity, fanout)
+        tree_device = None
+        if mapping is not None:
+            mapping = _checked_mapping(mapping, backend)
+            placement = mapping.replay_kwargs()
+            backend, tree_device = placement["tree"], placement["tree_device"]
+        self.mapping = mapping
+        self.priority_tree = make_tree(backend, capacity, fanout, device=tree_device)
         if not np.power(self.priority_tree.dtype.type(eps), self.priority_tree.dtype.type(alpha)) > 0:
             raise ValueError(f"eps ** alpha = {eps} ** {alpha} underflows to 0; stored transitions need a positive priority")
         self._alpha, self._eps = float(alpha), float(eps)
@@ -178,12 +200,17 @@ class _TreePriorities:
         """Set priorities from TD errors: ``p = (|td| + eps) ** alpha``.
 
         ``new_weight`` is what Tianshou's algorithms leave in ``batch.weight``: the
-        (signed) TD errors of the sampled batch. A NaN or infinite TD error raises
+        (signed) TD errors of the sampled batch; a device tree (torch, CUDA)
+        takes a tensor of them where it is. A NaN or infinite TD error raises
         ``ValueError``, an index of an empty slot ``IndexError``; nothing changes then.
         """
-        if isinstance(new_weight, torch.Tensor):
-            new_weight = new_weight.detach().cpu().numpy()
-        td = np.abs(np.asarray(new_weight, dtype=np.float64)).ravel()
+        td: np.ndarray | torch.Tensor
+        if isinstance(new_weight, torch.Tensor) and hasattr(self.priority_tree, "sample_tensors"):
+            td = new_weight.detach().reshape(-1).abs()  # a device tree takes the tensor where it is
+        else:
+            if isinstance(new_weight, torch.Tensor):
+                new_weight = new_weight.detach().cpu().numpy()
+            td = np.abs(np.asarray(new_weight, dtype=np.float64)).ravel()
         idx = np.asarray(index)
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
             raise TypeError(f"index must be a 1-D integer array, got {idx.dtype}{idx.shape}")
@@ -297,8 +324,18 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
         stratified: one draw per equal slice of the priority mass; ``False`` for i.i.d.
         random_seed: seeds the ``numpy.random.Generator`` that draws samples (and
             Tianshou's own ``RandomState``); the same seed and calls give the same samples.
+        mapping: a :class:`hetero_replay.mapping.Mapping` placing the tree (its
+            backend and device; see the module docstring); ``backend`` must then
+            stay ``"auto"`` and the mapping's ``storage`` be ``"host"``.
         **kwargs: Tianshou storage options ``stack_num``, ``ignore_obs_next``,
             ``save_only_last_obs``.
+
+    Raises:
+        ValueError: a bad ``size``, ``alpha``, ``beta`` or ``eps``, or a mapping
+            that contradicts ``backend`` or stores transitions off the host.
+        TypeError: ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`.
+        hetero_replay.mapping.DeviceUnavailableError: the mapping names a
+            device this machine lacks.
     """
 
     def __init__(
@@ -312,6 +349,7 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
         fanout: int = 16,
         stratified: bool = True,
         random_seed: int | None = 42,
+        mapping: Mapping | None = None,
         **kwargs: Any,
     ) -> None:
         _check_storage_options(kwargs)
@@ -320,7 +358,7 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
         # Not PrioritizedReplayBuffer.__init__: it builds (and JIT-compiles) a numba
         # SegmentTree that the tree below replaces.
         ReplayBuffer.__init__(self, int(size), random_seed=_legacy_seed(random_seed), **kwargs)
-        self._init_priorities(int(size), alpha, beta, eps, backend, fanout, stratified, random_seed)
+        self._init_priorities(int(size), alpha, beta, eps, backend, fanout, stratified, random_seed, mapping)
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(1, np.int64), np.array([len(self)], np.int64)
@@ -336,7 +374,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
     Args:
         total_size: transitions kept over all sub-buffers.
         buffer_num: number of sub-buffers; at least the number of environments.
-        alpha, beta, eps, backend, fanout, stratified, random_seed, **kwargs: as in
+        alpha, beta, eps, backend, fanout, stratified, random_seed, mapping, **kwargs: as in
             :class:`HeteroPrioritizedReplayBuffer`.
     """
 
@@ -352,6 +390,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         fanout: int = 16,
         stratified: bool = True,
         random_seed: int | None = 42,
+        mapping: Mapping | None = None,
         **kwargs: Any,
     ) -> None:
         _check_storage_options(kwargs)
@@ -365,7 +404,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         children = [ReplayBuffer(size, random_seed=_legacy_seed(random_seed), **kwargs) for _ in range(buffer_num)]
         ReplayBufferManager.__init__(self, children)  # type: ignore[arg-type]
         self._random_state = np.random.RandomState(_legacy_seed(random_seed))
-        self._init_priorities(self.maxsize, alpha, beta, eps, backend, fanout, stratified, random_seed)
+        self._init_priorities(self.maxsize, alpha, beta, eps, backend, fanout, stratified, random_seed, mapping)
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return self._offset, self._offset + self._lengths
@@ -385,6 +424,23 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         # them as separate copies, so re-link them (Tianshou's own manager does not).
         if self._meta.get_keys():
             self._set_batch_for_children()
+
+
+def _checked_mapping(mapping: Any, backend: str) -> Mapping:
+    """``mapping``, checked against this machine and against what a Tianshou buffer can honour."""
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"mapping must be a hetero_replay.mapping.Mapping, got {type(mapping).__name__}")
+    if backend != "auto":
+        raise ValueError(
+            f"backend={backend!r} and the mapping both choose the tree backend; "
+            f"set it in the mapping instead (Mapping(tree={backend!r}, ...))"
+        )
+    if mapping.storage != HOST:
+        raise ValueError(
+            f"Tianshou keeps transitions in its own NumPy Batch on the host, so the mapping's storage must be "
+            f"'host', got {mapping.storage!r}; only the priorities (the tree) can move"
+        )
+    return mapping.checked()
 
 
 def _check_beta(value: float) -> float:

@@ -50,6 +50,8 @@ import torch
 from hetero_replay.adapters.tianshou.buffers import HeteroPrioritizedVectorReplayBuffer
 from hetero_replay.adapters.tianshou.schedules import BetaSchedule
 from hetero_replay.adapters.tianshou.weighted_updates import check_supported, weighted_update
+from hetero_replay.mapping import Mapping as DeviceMapping
+from hetero_replay.mapping import one_policy_mapping
 from tianshou.algorithm.algorithm_base import (
     OffPolicyAlgorithm,
     OffPolicyWrapperAlgorithm,
@@ -119,14 +121,30 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
             :class:`~hetero_replay.adapters.tianshou.LinearBetaSchedule`; it is
             called with the number of updates done so far and set on the buffer
             before each sample, overriding the buffer's beta.
+        mapping: a :class:`hetero_replay.mapping.Mapping`; the wrapped
+            algorithm (networks, target networks) moves to its learner device,
+            where Tianshou's networks then take their batches (Tianshou acts
+            and trains with one policy, so ``inference`` and ``train`` must
+            agree). Give the buffer the same mapping for the tree's placement.
+            ``None`` leaves the algorithm where it is.
 
     Raises:
         TypeError: ``wrapped_algorithm`` is not an off-policy algorithm whose use of
-            the IS weights is known, or ``beta`` is neither a number nor callable.
-        ValueError: ``beta`` (or the schedule's first value) is outside [0, 1].
+            the IS weights is known, ``beta`` is neither a number nor callable,
+            or ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`.
+        ValueError: ``beta`` (or the schedule's first value) is outside [0, 1],
+            or the mapping's inference and train devices differ.
+        hetero_replay.mapping.DeviceUnavailableError: the mapping names a device
+            this machine lacks.
     """
 
-    def __init__(self, *, wrapped_algorithm: OffPolicyAlgorithm[TPolicy], beta: float | BetaSchedule) -> None:
+    def __init__(
+        self,
+        *,
+        wrapped_algorithm: OffPolicyAlgorithm[TPolicy],
+        beta: float | BetaSchedule,
+        mapping: DeviceMapping | None = None,
+    ) -> None:
         if not isinstance(wrapped_algorithm, OffPolicyAlgorithm):
             raise TypeError(
                 f"wrapped_algorithm must be a Tianshou OffPolicyAlgorithm, got {type(wrapped_algorithm).__name__}"
@@ -135,6 +153,8 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         if not (callable(beta) or isinstance(beta, (int, float))):
             raise TypeError(f"beta must be a number or a schedule update -> beta, got {type(beta).__name__}")
         _check_beta(beta(0) if callable(beta) else beta, "beta")
+        if mapping is not None:
+            mapping = one_policy_mapping(mapping, "Tianshou")
         super().__init__(wrapped_algorithm=wrapped_algorithm)
         self.beta_schedule = beta
         self.num_updates = 0
@@ -142,6 +162,10 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         # the wrapped algorithm's _update (which would step its own) is never called.
         self.lr_schedulers = wrapped_algorithm.lr_schedulers
         self._batch = _BatchRecord()
+        self.mapping = mapping
+        if mapping is not None:
+            # Parameters move in place, so the optimizers built with them stay valid.
+            self.to(mapping.learner_device)
 
     @property
     def current_beta(self) -> float:

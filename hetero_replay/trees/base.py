@@ -77,3 +77,57 @@ class SumTree(Protocol):
 
     def load_leaves(self, leaves: Any) -> None:
         """Replace every leaf and rebuild the tree."""
+
+
+class TreeBase:
+    """What the Python-side backends share: checked arguments, the level layout
+    (the same as the C++ tree's) and the read-only parts of the protocol.
+
+    ``self._alloc[l]`` is the allocated size of level ``l`` (0 = leaves): every
+    level is padded to whole sibling groups and reaches the children of its
+    parent level's padding, so every group a parent points at exists.
+    Subclasses keep ``self._total`` (float) and ``self._min`` (float) current.
+    """
+
+    def __init__(self, capacity: int, fanout: int, dtype: Any) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if fanout not in FANOUTS:
+            raise ValueError(f"fanout must be one of {FANOUTS}; got {fanout}")
+        self._dtype = np.dtype(dtype)
+        if self._dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {self._dtype}")
+        self._capacity, self._k = int(capacity), int(fanout)
+        k = self._k
+
+        def round_up(n: int) -> int:
+            return max(k, -(-n // k) * k)
+
+        sizes = [round_up(self._capacity)]
+        while sizes[-1] != k:
+            sizes.append(round_up(sizes[-1] // k))
+        self._alloc = [sizes[l + 1] * k for l in range(len(sizes) - 1)] + [k]
+        self._total = 0.0
+        self._min = float("inf")
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def fanout(self) -> int:
+        return self._k
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def num_levels(self) -> int:
+        return len(self._alloc)
+
+    def total(self) -> float:
+        return float(self._total)
+
+    def min(self) -> float:
+        return float(self._min)

@@ -41,7 +41,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from hetero_replay.trees.base import FANOUTS
+from hetero_replay.trees.base import TreeBase
 from hetero_replay.trees.numpy_tree import as_indices, as_priorities, priorities_from_td
 
 #: Kernel source files, each loaded as one CuPy RawModule.
@@ -209,7 +209,7 @@ class CudaKernels:
         return hasattr(x, "__cuda_array_interface__") or (_is_torch(x) and x.is_cuda)
 
 
-class CupySumTree:
+class CupySumTree(TreeBase):
     """K-ary sum tree whose operations are the CUDA kernels of ``csrc/cuda/``.
 
     Same protocol, layout and numerical contract as the NumPy reference; on a
@@ -225,25 +225,9 @@ class CupySumTree:
     """
 
     def __init__(self, capacity: int, fanout: int = 16, dtype: Any = "float32", device: Any = None) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if fanout not in FANOUTS:
-            raise ValueError(f"fanout must be one of {FANOUTS}; got {fanout}")
-        self._dtype = np.dtype(dtype)
-        if self._dtype not in _CTYPES:
-            raise ValueError(f"dtype must be float32 or float64, got {self._dtype}")
+        super().__init__(capacity, fanout, dtype)
         self._kernels = HostKernels() if str(device) == "cpu" else CudaKernels(device)
         self._kernels.bind(self._dtype, fanout)
-        self._capacity, self._k = int(capacity), int(fanout)
-        k = self._k
-
-        def round_up(n: int) -> int:
-            return max(k, -(-n // k) * k)
-
-        sizes = [round_up(self._capacity)]
-        while sizes[-1] != k:
-            sizes.append(round_up(sizes[-1] // k))
-        self._alloc = [sizes[l + 1] * k for l in range(len(sizes) - 1)] + [k]
         xp = self._kernels.xp
         self._values = [xp.zeros(n, self._dtype) for n in self._alloc]
         # Index 0 unused: leaves need no minimum and keep no prefix sums.
@@ -252,37 +236,13 @@ class CupySumTree:
         table = [0] + [self._kernels.address(p) for p in self._prefix[1:]]
         self._table = xp.asarray(np.array(table, dtype=np.uint64))
         self._status = xp.zeros(_STATUS_WORDS, np.uint64)
-        self._total = 0.0
-        self._min = math.inf
 
     # -- protocol ------------------------------------------------------------------
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def fanout(self) -> int:
-        return self._k
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
 
     @property
     def device(self) -> str:
         """``"cuda:N"``, or ``"cpu"`` for the CPU executor."""
         return self._kernels.device
-
-    @property
-    def num_levels(self) -> int:
-        return len(self._values)
-
-    def total(self) -> float:
-        return self._total
-
-    def min(self) -> float:
-        return self._min
 
     def update(self, indices: Any, priorities: Any) -> None:
         if self._kernels.accepts(indices) or self._kernels.accepts(priorities):

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hetero_replay.trees.base import FANOUTS
+from hetero_replay.trees.base import TreeBase
 
 
 def _as_1d(values: Any, what: str) -> np.ndarray:
@@ -96,56 +96,15 @@ def choose_children(prefix: np.ndarray, mass: np.ndarray) -> tuple[np.ndarray, n
     return j, remaining
 
 
-class NumpySumTree:
+class NumpySumTree(TreeBase):
     """K-ary sum tree with an exact positive minimum, in vectorised NumPy."""
 
     def __init__(self, capacity: int, fanout: int = 16, dtype: Any = "float32") -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if fanout not in FANOUTS:
-            raise ValueError(f"fanout must be one of {FANOUTS}; got {fanout}")
-        self._dtype = np.dtype(dtype)
-        if self._dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {self._dtype}")
-        self._capacity, self._k = int(capacity), int(fanout)
-        k = self._k
-
-        def round_up(n: int) -> int:
-            return max(k, -(-n // k) * k)
-
-        sizes = [round_up(self._capacity)]
-        while sizes[-1] != k:
-            sizes.append(round_up(sizes[-1] // k))
-        # Each level reaches the children of its parent level's padding.
-        alloc = [sizes[l + 1] * k for l in range(len(sizes) - 1)] + [k]
-        self._values = [np.zeros(n, self._dtype) for n in alloc]
-        self._mins = [np.full(n, np.inf, self._dtype) for n in alloc]  # [0] unused
-        self._total = 0.0
-        self._min = np.inf
+        super().__init__(capacity, fanout, dtype)
+        self._values = [np.zeros(n, self._dtype) for n in self._alloc]
+        self._mins = [np.full(n, np.inf, self._dtype) for n in self._alloc]  # [0] unused
 
     # -- protocol ------------------------------------------------------------------
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def fanout(self) -> int:
-        return self._k
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
-
-    @property
-    def num_levels(self) -> int:
-        return len(self._values)
-
-    def total(self) -> float:
-        return float(self._total)
-
-    def min(self) -> float:
-        return float(self._min)
 
     def update(self, indices: Any, priorities: Any) -> None:
         idx = as_indices(indices, self._capacity)

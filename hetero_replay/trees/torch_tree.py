@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hetero_replay.trees.base import FANOUTS
+from hetero_replay.trees.base import TreeBase
 from hetero_replay.trees.numpy_tree import (
     as_indices,
     as_priorities,
@@ -97,7 +97,7 @@ def choose_children(prefix: torch.Tensor, mass: torch.Tensor) -> tuple[torch.Ten
     return torch.where(past, last, j), torch.where(past, last_hi - last_lo, remaining)
 
 
-class TorchSumTree:
+class TorchSumTree(TreeBase):
     """K-ary sum tree with an exact positive minimum, held in torch tensors on ``device``.
 
     Args:
@@ -111,26 +111,10 @@ class TorchSumTree:
     def __init__(
         self, capacity: int, fanout: int = 16, dtype: Any = "float32", device: str | torch.device | None = None
     ) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if fanout not in FANOUTS:
-            raise ValueError(f"fanout must be one of {FANOUTS}; got {fanout}")
-        self._dtype = np.dtype(dtype)
-        if self._dtype not in _TORCH_DTYPES:
-            raise ValueError(f"dtype must be float32 or float64, got {self._dtype}")
+        super().__init__(capacity, fanout, dtype)
         self._tdtype = _TORCH_DTYPES[self._dtype]
         self._device = torch.device("cpu" if device is None else device)
-        self._capacity, self._k = int(capacity), int(fanout)
-        k = self._k
-
-        def round_up(n: int) -> int:
-            return max(k, -(-n // k) * k)
-
-        sizes = [round_up(self._capacity)]
-        while sizes[-1] != k:
-            sizes.append(round_up(sizes[-1] // k))
-        alloc = [sizes[l + 1] * k for l in range(len(sizes) - 1)] + [k]
-        self._alloc = alloc
+        k, alloc = self._k, self._alloc
         dev, f64 = self._device, torch.float64
         # The leaf level has one extra slot past every group: the writes that a
         # later write to the same leaf overrides are sent there (see _apply).
@@ -145,37 +129,14 @@ class TorchSumTree:
         self._offsets = torch.arange(k, device=dev)
         self._total_t = torch.zeros((), dtype=f64, device=dev)
         self._min_t = torch.full((), inf, dtype=self._tdtype, device=dev)
-        self._total = 0.0  # host mirrors of _total_t / _min_t
-        self._min = inf
+        # TreeBase's _total / _min are the host mirrors of _total_t / _min_t.
 
     # -- protocol ------------------------------------------------------------------
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def fanout(self) -> int:
-        return self._k
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
 
     @property
     def device(self) -> torch.device:
         """Where the tree's tensors live."""
         return self._device
-
-    @property
-    def num_levels(self) -> int:
-        return len(self._values)
-
-    def total(self) -> float:
-        return self._total
-
-    def min(self) -> float:
-        return self._min
 
     def update(self, indices: Any, priorities: Any) -> None:
         if isinstance(indices, torch.Tensor) or isinstance(priorities, torch.Tensor):
