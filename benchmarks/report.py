@@ -94,10 +94,10 @@ def markdown(results: Results, name: str, png: Path | None) -> str:
     for capacity, rows in _by_capacity(cells):
         out += [f"### N = {capacity:,}", ""]
         head = ["B", *labels, "best anchor", *(f"{o} × best" for o in ours)]
-        body = [[str(c["batch"]), *(_rate(c["steps_per_s"].get(label)) for label in labels),
-                 c["best_anchor"] or "–", *(_ratio(c["speedup_vs_best_anchor"].get(o)) for o in ours)]
+        body = [[str(c["batch"]), *(rate(c["steps_per_s"].get(label)) for label in labels),
+                 c["best_anchor"] or "–", *(ratio(c["speedup_vs_best_anchor"].get(o)) for o in ours)]
                 for c in rows]
-        out += _table(head, body) + [""]
+        out += table(head, body) + [""]
 
     out += ["## Targets", "",
             f"Single thread ≥ {TARGET_SINGLE:g}× the best anchor in every cell; all cores ≥ {TARGET_MULTI:g}× "
@@ -109,18 +109,18 @@ def markdown(results: Results, name: str, png: Path | None) -> str:
         pairs = [(o, a) for o in ours for a in anchors]
         out += [f"### N = {capacity:,}", ""]
         head = ["B", *(f"{o} ÷ {a}" for o, a in pairs)]
-        body = [[str(c["batch"]), *(_ratio(c["speedup_vs_anchor"].get(o, {}).get(a)) for o, a in pairs)]
+        body = [[str(c["batch"]), *(ratio(c["speedup_vs_anchor"].get(o, {}).get(a)) for o, a in pairs)]
                 for c in rows]
-        out += _table(head, body) + [""]
+        out += table(head, body) + [""]
 
     out += ["## Sample throughput (transitions/s)", "",
             "sample B, data gather and IS weights included; `÷ uniform` = ours over SB3's uniform sample.", ""]
     for capacity, rows in _by_capacity(cells):
         out += [f"### N = {capacity:,}", ""]
         head = ["B", *labels, *(f"{o} ÷ uniform" for o in ours)]
-        body = [[str(c["batch"]), *(_rate(c["sample_transitions_per_s"].get(label)) for label in labels),
-                 *(_ratio(c["sample_vs_uniform"].get(o)) for o in ours)] for c in rows]
-        out += _table(head, body) + [""]
+        body = [[str(c["batch"]), *(rate(c["sample_transitions_per_s"].get(label)) for label in labels),
+                 *(ratio(c["sample_vs_uniform"].get(o)) for o in ours)] for c in rows]
+        out += table(head, body) + [""]
 
     out += ["## Median time per call (µs)", ""] + _op_times(results, labels) + [""]
     out += ["## Insert (transitions/s)", ""] + _inserts(results, labels) + [""]
@@ -172,9 +172,9 @@ def _targets(cells: list[dict[str, Any]], contenders: dict[str, Any]) -> list[st
         for _, value, target in checks:
             mark = "" if target is None or value is None else (" ✓" if value >= target else " ✗")
             short += mark == " ✗"
-            row.append(_ratio(value) + mark)
+            row.append(ratio(value) + mark)
         body.append(row)
-    return _table(head, body) + ["", f"Checks short of their target: {short}."]
+    return table(head, body) + ["", f"Checks short of their target: {short}."]
 
 
 def _op_times(results: Results, labels: list[str]) -> list[str]:
@@ -185,7 +185,7 @@ def _op_times(results: Results, labels: list[str]) -> list[str]:
     order = {"sample": 0, "update": 1, "step": 2}
     keys = sorted(rows, key=lambda k: (k[0], k[2], order[k[1]]))
     body = [[f"{n:,}", str(b), op, *(_us(rows[(n, op, b)].get(label)) for label in labels)] for n, op, b in keys]
-    return _table(["N", "B", "op", *labels], body)
+    return table(["N", "B", "op", *labels], body)
 
 
 def _inserts(results: Results, labels: list[str]) -> list[str]:
@@ -193,13 +193,13 @@ def _inserts(results: Results, labels: list[str]) -> list[str]:
     for r in results["results"]:
         if r["op"] == "insert":
             rows.setdefault((r["capacity"], r["size"]), {})[r["label"]] = r["size"] / r["median_s"]
-    body = [[f"{n:,}", str(k), *(_rate(rows[(n, k)].get(label)) for label in labels)] for n, k in sorted(rows)]
+    body = [[f"{n:,}", str(k), *(rate(rows[(n, k)].get(label)) for label in labels)] for n, k in sorted(rows)]
     fills: dict[int, dict[str, float]] = {}
     for f in results["fills"]:
         fills.setdefault(f["capacity"], {})[f["label"]] = f["seconds"]
     body += [[f"{n:,}", "fill (s, untimed setup)", *(_seconds(fills[n].get(label)) for label in labels)]
              for n in sorted(fills)]
-    return _table(["N", "chunk", *labels], body)
+    return table(["N", "chunk", *labels], body)
 
 
 def _profile(results: Results) -> list[str]:
@@ -220,14 +220,14 @@ def _profile(results: Results) -> list[str]:
         glue = step - sum(p.values())
         body.append([key[0], f"{key[1]:,}", str(key[2]), _us(step),
                      *(f"{_us(p[n])} ({p[n] / step:.0%})" for n in names), f"{_us(glue)} ({glue / step:.0%})"])
-    return _table(["contender", "N", "B", "step", *names, "glue"], body)
+    return table(["contender", "N", "B", "step", *names, "glue"], body)
 
 
 def _contenders(results: Results) -> list[str]:
     body = [[label, f"{d['library']} {d['version'] or ''}".strip(), d["role"], d["setup"]]
             for label, d in results["contenders"].items()]
     body += [[name, name, "unavailable", reason] for name, reason in results["unavailable"].items()]
-    return _table(["label", "library", "role", "setup"], body)
+    return table(["label", "library", "role", "setup"], body)
 
 
 def _by_capacity(cells: list[dict[str, Any]]) -> Iterable[tuple[int, list[dict[str, Any]]]]:
@@ -235,12 +235,12 @@ def _by_capacity(cells: list[dict[str, Any]]) -> Iterable[tuple[int, list[dict[s
         yield capacity, [c for c in cells if c["capacity"] == capacity]
 
 
-def _table(head: list[str], body: list[list[str]]) -> list[str]:
+def table(head: list[str], body: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in body]
 
 
-def _rate(x: float | None) -> str:
+def rate(x: float | None) -> str:
     if x is None:
         return "–"
     if x >= 1e6:
@@ -250,7 +250,7 @@ def _rate(x: float | None) -> str:
     return f"{x:.0f}"
 
 
-def _ratio(x: float | None) -> str:
+def ratio(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}×"
 
 

@@ -35,7 +35,7 @@ def extension_origin() -> str | None:
     return _origin
 
 
-def _load_extension() -> None:
+def load_extension() -> None:
     """Make ``import torchrl._torchrl`` work; must run before TorchRL is imported."""
     if "torchrl._torchrl" in sys.modules:
         return
@@ -144,5 +144,5 @@ class TorchRLContender(Contender):
 
 def make(capacity: int, workload: Workload) -> list[Contender]:
     """The TorchRL anchor (raises ImportError/RuntimeError when its extension is unusable)."""
-    _load_extension()
+    load_extension()
     return [TorchRLContender(capacity, workload)]
