@@ -27,6 +27,11 @@ from hetero_replay import checkpoint
 from hetero_replay.storage import HOST, HostStorage, Schema, make_storage
 from hetero_replay.trees import SumTree, make_tree
 
+#: Added to every ``|TD error|`` (the ``eps`` of every buffer in this package). It also floors
+#: the smallest priority, and with it the largest IS weight that normalises all the others:
+#: the smaller it is, the smaller the typical weight (see docs/design-notes.md, "eps").
+DEFAULT_EPS = 1e-6
+
 
 class Sample(NamedTuple):
     """A sampled batch: ``data[field]`` rows, their buffer ``indices``, IS ``weights``.
@@ -93,7 +98,7 @@ class PrioritizedReplay:
         schema: Schema | Mapping[str, Any],
         alpha: float = 0.6,
         beta: float = 0.4,
-        eps: float = 1e-6,
+        eps: float = DEFAULT_EPS,
         tree: str = "auto",
         fanout: int = 16,
         priority_dtype: Any = "float32",

@@ -26,6 +26,7 @@ from tianshou.data import (  # noqa: E402
     PrioritizedVectorReplayBuffer,
     ReplayBuffer,
     ReplayBufferManager,
+    VectorReplayBuffer,
 )
 from tianshou.env import DummyVectorEnv  # noqa: E402
 from tianshou.utils.net.common import Net  # noqa: E402
@@ -81,7 +82,7 @@ def test_vector_buffer_is_a_tianshou_prioritized_vector_buffer() -> None:
     assert isinstance(buf, PrioritizedReplayBuffer) and isinstance(buf, ReplayBufferManager)
     assert buf.buffer_num == 4 and buf.maxsize == 400 and len(buf) == 120
     assert not hasattr(buf, "weight")  # no throw-away SegmentTree was built
-    assert all(type(child) is ReplayBuffer for child in buf.buffers)
+    assert all(isinstance(child, ReplayBuffer) and not isinstance(child, PrioritizedReplayBuffer) for child in buf.buffers)
 
 
 def test_sample_returns_tianshou_fields_consistent_with_indices() -> None:
@@ -152,6 +153,85 @@ def test_collector_fills_the_buffer_like_tianshous_own() -> None:
     # every stored transition, and nothing else, has the initial priority
     leaves = ours.priority_tree.leaves()
     np.testing.assert_array_equal(np.flatnonzero(leaves), np.sort(ours.sample_indices(0)))
+
+
+def random_step(rng: np.random.Generator, ids: np.ndarray, reward_shape: tuple[int, ...] = ()) -> Batch:
+    n = len(ids)
+    return Batch(obs=rng.random((n, 3)), act=rng.integers(0, 4, n), rew=rng.random((n, *reward_shape)),
+                 terminated=rng.random(n) < 0.15, truncated=rng.random(n) < 0.05, obs_next=rng.random((n, 3)),
+                 info=Batch(env_id=ids.copy()))  # fmt: skip
+
+
+def assert_same_bookkeeping(ours: HeteroPrioritizedVectorReplayBuffer, stock: ReplayBufferManager) -> None:
+    np.testing.assert_array_equal(ours.last_index, stock.last_index)
+    np.testing.assert_array_equal(ours._lengths, stock._lengths)
+    for mine, theirs in zip(ours.buffers, stock.buffers):
+        for name in ("_insertion_idx", "_size", "_ep_len", "_ep_start_idx", "last_index"):
+            np.testing.assert_array_equal(getattr(mine, name), getattr(theirs, name), err_msg=name)
+        np.testing.assert_allclose(mine._ep_return, theirs._ep_return, rtol=1e-12)
+    np.testing.assert_array_equal(ours.unfinished_index(), stock.unfinished_index())
+    stored = np.sort(stock.sample_indices(0))
+    np.testing.assert_array_equal(np.sort(ours.sample_indices(0)), stored)
+    np.testing.assert_array_equal(ours.next(stored), stock.next(stored))
+    np.testing.assert_array_equal(ours.prev(stored), stock.prev(stored))
+
+
+@pytest.mark.parametrize("reward_shape", [(), (2,)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_vectorised_add_matches_tianshous_add(seed: int, reward_shape: tuple[int, ...]) -> None:
+    """Random subsets of envs, episode ends and wrap-around: same returns, rows and state as Tianshou's loop."""
+    rng = np.random.default_rng(seed)
+    ours, stock = HeteroPrioritizedVectorReplayBuffer(60, 5, random_seed=0), VectorReplayBuffer(60, 5)
+    for step in range(80):
+        ids = np.sort(rng.choice(5, size=int(rng.integers(1, 6)), replace=False))
+        batch = random_step(rng, ids, reward_shape)
+        got, want = ours.add(batch, buffer_ids=ids), stock.add(batch, buffer_ids=ids)
+        for g, w, name in zip(got, want, ("indices", "returns", "lengths", "starts")):
+            np.testing.assert_allclose(g, w, rtol=1e-12, err_msg=f"{name} at step {step}")
+        if step % 20 == 19:
+            assert_same_bookkeeping(ours, stock)
+    for key in ("obs", "act", "rew", "terminated", "truncated", "done", "obs_next"):
+        np.testing.assert_array_equal(ours._meta[key], stock._meta[key])
+    np.testing.assert_array_equal(np.flatnonzero(ours.priority_tree.leaves()), np.sort(stock.sample_indices(0)))
+    ours.reset(), stock.reset()
+    assert_same_bookkeeping(ours, stock)
+    ids = np.array([3, 1])  # unsorted ids
+    batch = random_step(rng, ids, reward_shape)
+    for g, w in zip(ours.add(batch, ids), stock.add(batch, ids)):
+        np.testing.assert_allclose(g, w)
+    assert_same_bookkeeping(ours, stock)
+
+
+def test_add_with_an_env_twice_falls_back_to_tianshous_order() -> None:
+    rng = np.random.default_rng(5)
+    ours, stock = HeteroPrioritizedVectorReplayBuffer(40, 2, random_seed=0), VectorReplayBuffer(40, 2)
+    for _ in range(6):
+        batch = random_step(rng, np.array([0, 0, 1]))
+        for g, w in zip(ours.add(batch, [0, 0, 1]), stock.add(batch, [0, 0, 1])):
+            np.testing.assert_allclose(g, w)
+    assert_same_bookkeeping(ours, stock)
+    assert np.count_nonzero(ours.priority_tree.leaves()) == len(stock) == 18
+
+
+def test_add_rejects_bad_buffer_ids_and_missing_keys_changing_nothing() -> None:
+    buf = make_vector(steps=5)
+    before = (buf.last_index.copy(), buf._lengths.copy(), buf._book.counters.copy(), buf.priority_tree.leaves())
+    rows = buf._meta.obs.copy()
+    step = random_step(np.random.default_rng(0), np.arange(4))
+    step.obs, step.obs_next = obs_of(np.zeros(4)), obs_of(np.zeros(4))
+    with pytest.raises(IndexError, match="buffer ids"):
+        buf.add(step, buffer_ids=[0, 1, 2, 4])
+    with pytest.raises(ValueError, match="3 buffer ids for a batch of 4"):
+        buf.add(step, buffer_ids=[0, 1, 2])
+    with pytest.raises(TypeError, match="integers"):
+        buf.add(step, buffer_ids=[0.0, 1.0, 2.0, 3.0])
+    del step.truncated
+    with pytest.raises(ValueError, match="truncated"):
+        buf.add(step)
+    after = (buf.last_index, buf._lengths, buf._book.counters, buf.priority_tree.leaves())
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(buf._meta.obs, rows)
 
 
 def test_frame_stacking_returns_stacked_observations() -> None:

@@ -256,3 +256,34 @@ def test_state_dict_round_trip_keeps_optimizer_and_schedule_position() -> None:
         state = algorithm.state_dict()
         del state["wrapped_algorithm._optimizers"]
         restored.load_state_dict(state)
+
+
+def test_train_leaves_every_module_in_the_mode_a_full_walk_would() -> None:
+    """train() skips walks that would change nothing, and only those: whatever changed a
+    module's mode in between (a collector's eval phase, a user, a new module), the modes
+    after each call are those ``nn.Module.train`` gives a twin that always walks."""
+    algorithm = PEROffPolicyWrapper(wrapped_algorithm=dqn(), beta=0.4)
+    twin = copy.deepcopy(algorithm.wrapped_algorithm)
+
+    def modes(module: torch.nn.Module) -> list[bool]:
+        return [m.training for m in module.modules()]
+
+    def both(action) -> None:
+        action(algorithm.wrapped_algorithm)
+        action(twin)
+
+    steps = [
+        lambda m: None,
+        lambda m: m.policy.eval(),  # the collector's eval phase
+        lambda m: m.policy.model.train(),  # a user puts one submodule back
+        lambda m: m.policy.model.model.model[0].eval(),  # one deep Linear
+        lambda m: setattr(m.policy, "extra_head", torch.nn.Linear(2, 2).eval()),  # a module appears
+    ]
+    for step in steps:
+        for mode in (True, False, True, True):
+            both(step)
+            algorithm.train(mode)
+            torch.nn.Module.train(twin, mode)
+            assert modes(algorithm.wrapped_algorithm) == modes(twin)
+            assert algorithm.training is mode
+    assert not algorithm.wrapped_algorithm.model_old.module.training  # the target network stays in eval

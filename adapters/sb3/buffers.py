@@ -28,6 +28,7 @@ from stable_baselines3.common.utils import get_device
 from stable_baselines3.common.vec_env import VecNormalize
 
 from hetero_replay import Field, PrioritizedReplay, Schema
+from hetero_replay.replay import DEFAULT_EPS
 from hetero_replay.mapping import Mapping, one_policy_mapping
 from hetero_replay.torch_replay import TorchBatchReplay, same_device
 
@@ -141,7 +142,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         handle_timeout_termination: bool = True,
         alpha: float = 0.6,
         beta: float = 0.4,
-        eps: float = 1e-6,
+        eps: float = DEFAULT_EPS,
         tree: str = "auto",
         fanout: int = 16,
         priority_dtype: str = "float32",

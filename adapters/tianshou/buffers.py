@@ -14,8 +14,11 @@ K-ary tree by default). What changes compared with Tianshou's buffers:
   buffer (from the tree's exact minimum), not by the batch maximum; Tianshou's
   ``weight_norm`` option does not exist here.
 * **``set_beta``** reaches sampling, also on the vector buffer.
-* **``add``** writes the priorities of all environments' transitions with one tree
-  call; no throw-away numba ``SegmentTree`` is built.
+* **``add``** of the vector buffer is vectorised across environments: the
+  sub-buffers' insertion and episode state lives in arrays (one entry per
+  environment) that one set of NumPy operations updates, where Tianshou steps
+  through the environments in Python; the new transitions' priorities are one
+  tree call. No throw-away numba ``SegmentTree`` is built.
 * **``update_weight``** (Tianshou's priority feedback) rejects NaN/inf TD errors and
   indices of empty slots with a clear error, changing nothing.
 * **``reset``** clears the priorities, so cleared slots are never sampled.
@@ -23,7 +26,8 @@ K-ary tree by default). What changes compared with Tianshou's buffers:
   results without its Python loops: ``hasnull`` (after each collect) checks the
   stored rows in place instead of copying the whole buffer with IS weights,
   ``unfinished_index`` (each n-step return) skips the loop over sub-buffers, and
-  rows are gathered straight from storage when no frame stacking is involved.
+  rows are gathered straight from storage, one array at a time, when no frame
+  stacking is involved.
 
 Both survive ``pickle`` and ``save_hdf5``/``load_hdf5`` (the tree pickles, with
 its device).
@@ -63,13 +67,13 @@ from tianshou.data import (
     ReplayBufferManager,
 )
 from tianshou.data.batch import IndexType
-from tianshou.data.types import PrioBatchProtocol
+from tianshou.data.types import PrioBatchProtocol, RolloutBatchProtocol
 
+from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer, add_rows, storable
 from hetero_replay.mapping import HOST, Mapping
+from hetero_replay.replay import DEFAULT_EPS
 from hetero_replay.trees import SumTree, make_tree
 
-#: Tianshou's own default for the constant added to |TD error| (float32 machine epsilon).
-DEFAULT_EPS = float(np.finfo(np.float32).eps)
 
 #: The keys ``ReplayBuffer.__getitem__`` always returns (filled with empty Batches if not stored).
 _ROW_KEYS = frozenset(ReplayBuffer._reserved_keys)
@@ -186,7 +190,7 @@ class _TreePriorities:
             return super().sample(batch_size)  # type: ignore[misc]
         indices, weights = self._draw(batch_size)
         batch = self._rows(indices)
-        batch.weight = weights
+        batch.__dict__["weight"] = weights  # a float32 array: nothing for Batch to parse
         return cast(PrioBatchProtocol, batch), indices
 
     def get_weight(self, index: int | np.ndarray) -> np.ndarray:
@@ -228,7 +232,7 @@ class _TreePriorities:
             indices = index
         batch = self._rows(indices)
         weights = self.get_weight(indices)
-        batch.weight = weights[0] if np.ndim(indices) == 0 else weights  # buf[i]: a scalar, as Tianshou
+        batch.__dict__["weight"] = np.asarray(weights[0]) if np.ndim(indices) == 0 else weights  # buf[i]: 0-d, as Tianshou
         return cast(PrioBatchProtocol, batch)
 
     # -- the rest of the buffer --------------------------------------------------------
@@ -257,12 +261,12 @@ class _TreePriorities:
 
         In the usual layout (no frame stacking, ``obs_next`` stored, every key
         Tianshou returns present in storage) that is exactly ``_meta[indices]``,
-        which skips Tianshou's per-key gets and ``Batch`` re-parsing; DQN, DDPG,
-        TD3 and SAC index the buffer twice per update.
+        taken by :func:`_take_rows`, which skips Tianshou's per-key gets and
+        ``Batch`` re-parsing; DQN, DDPG, TD3 and SAC index the buffer twice per update.
         """
         meta = self._meta  # type: ignore[attr-defined]
         if self.stack_num == 1 and self._save_obs_next and _ROW_KEYS.issubset(meta.get_keys()):  # type: ignore[attr-defined]
-            return meta[indices]
+            return cast(PrioBatchProtocol, _take_rows(meta, indices))
         return super(PrioritizedReplayBuffer, self).__getitem__(indices)  # type: ignore[misc]
 
     def _draw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -294,6 +298,30 @@ def _leaf_arrays(batch: Batch) -> Iterator[Any]:
             yield value
 
 
+def _take_rows(batch: Batch, index: Any) -> Batch:
+    """``batch[index]`` for a ``Batch`` of arrays (and nested such ``Batch``es), without its overhead.
+
+    ``Batch.__getitem__`` runs ``isinstance`` checks against ``Batch``, whose
+    metaclass is ``typing.Protocol``'s (several µs per key); exact type tests
+    make the same gather a plain loop of array indexing, with Tianshou's rules
+    for ``None`` and empty ``Batch``es. Any other value (a distribution, a
+    subclass) sends the whole gather through Tianshou's own indexing.
+    """
+    out = Batch()
+    rows = out.__dict__
+    for key, value in batch.__dict__.items():
+        kind = type(value)
+        if kind is np.ndarray or kind is torch.Tensor:
+            rows[key] = value[index]
+        elif kind is Batch:
+            rows[key] = _take_rows(value, index) if value.__dict__ else Batch()
+        elif value is None:
+            rows[key] = None
+        else:
+            return batch[index]
+    return out
+
+
 def _has_null(arr: Any, ranges: list[tuple[int, int]]) -> bool:
     """Whether ``arr[start:stop]`` holds a NaN/None for some range (``pandas.isnull`` semantics)."""
     if isinstance(arr, torch.Tensor):
@@ -317,7 +345,11 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
         alpha: priority exponent (0 samples uniformly).
         beta: initial IS-weight exponent in [0, 1]; anneal it with :meth:`set_beta`
             or :class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper`.
-        eps: added to every ``|TD error|`` (default: Tianshou's, float32 epsilon).
+        eps: added to every ``|TD error|``; it floors the smallest priority, which sets
+            the global IS-weight normalisation. The default is this package's 1e-6,
+            not Tianshou's float32 epsilon (1.2e-7): with that, one near-zero TD error
+            in a full buffer shrank the mean IS weight to ~1e-3 and slowed DQN's
+            learning on CartPole (docs/design-notes.md, "eps").
         backend: sum-tree backend, ``"auto"`` or a name from
             :func:`hetero_replay.trees.backends` (``"native"``, ``"numpy"``, ...).
         fanout: children per tree node (a power of two, 2..64; 16 = one cache line).
@@ -399,15 +431,51 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         if not isinstance(total_size, (int, np.integer)) or total_size < buffer_num:
             raise ValueError(f"total_size must be an integer >= buffer_num={buffer_num}, got {total_size!r}")
         size = math.ceil(total_size / buffer_num)
-        # Plain ReplayBuffer children: the manager keeps one tree for all of them, so
+        # Non-prioritized children: the manager keeps one tree for all of them, so
         # Tianshou's per-child SegmentTrees (built, then deleted) are never made.
-        children = [ReplayBuffer(size, random_seed=_legacy_seed(random_seed), **kwargs) for _ in range(buffer_num)]
+        # Their insertion and episode state lives in one book, for a vectorised add.
+        book = EpisodeBook(buffer_num, size)
+        children = [SubBuffer(size, book, env, random_seed=_legacy_seed(random_seed), **kwargs) for env in range(buffer_num)]
         ReplayBufferManager.__init__(self, children)  # type: ignore[arg-type]
+        self._book = book
         self._random_state = np.random.RandomState(_legacy_seed(random_seed))
         self._init_priorities(self.maxsize, alpha, beta, eps, backend, fanout, stratified, random_seed, mapping)
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return self._offset, self._offset + self._lengths
+
+    def add(
+        self, batch: RolloutBatchProtocol, buffer_ids: np.ndarray | list[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Store one transition per environment in sub-buffers ``buffer_ids`` (default: all, in order).
+
+        Tianshou's ``add``, vectorised across environments
+        (:mod:`~hetero_replay.adapters.tianshou.episode_book`); the new transitions
+        get the largest priority so far.
+
+        Returns:
+            ``(indices, episode_returns, episode_lengths, episode_start_indices)``,
+            as Tianshou's: the global indices written and, for each environment
+            whose episode this step finished, its return and length (0 otherwise).
+
+        Raises:
+            ValueError: ``buffer_ids`` and the batch differ in length, or the
+                batch lacks a key Tianshou requires.
+            IndexError: a buffer id outside ``[0, buffer_num)``.
+        """
+        ids = np.arange(self.buffer_num) if buffer_ids is None else np.asarray(buffer_ids)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise TypeError(f"buffer_ids must be a 1-D sequence of integers, got {ids.dtype}{ids.shape}")
+        rows = storable(self, batch)
+        if len(ids) != len(rows.done):
+            raise ValueError(f"{len(ids)} buffer ids for a batch of {len(rows.done)} transitions")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.buffer_num):
+            raise IndexError(f"buffer ids must lie in [0, {self.buffer_num}), got {ids.tolist()}")
+        if np.unique(ids).size != ids.size:  # one env twice in a step: Tianshou's sequential add
+            return super().add(batch, ids)
+        ptr, ep_return, ep_len, ep_start = add_rows(self, rows, ids)
+        self.init_weight(ptr)
+        return ptr, ep_return, ep_len, ep_start
 
     def unfinished_index(self) -> np.ndarray:
         """Last stored index of each sub-buffer whose episode is still running.
@@ -421,9 +489,12 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         # The children's storage are views into the manager's; pickle and HDF5 store
-        # them as separate copies, so re-link them (Tianshou's own manager does not).
+        # them as separate copies, so re-link them (Tianshou's own manager does not),
+        # and likewise their shared episode book.
         if self._meta.get_keys():
             self._set_batch_for_children()
+        for child in self.buffers:
+            child._book = self._book
 
 
 def _checked_mapping(mapping: Any, backend: str) -> Mapping:
