@@ -434,6 +434,9 @@ def assert_same_buffer(a: HeteroPrioritizedVectorReplayBuffer, b: HeteroPrioriti
         add_step(buf, 30, 4)
     np.testing.assert_array_equal(a.unfinished_index(), b.unfinished_index())
     np.testing.assert_array_equal(a.next(np.sort(a.sample_indices(0))), b.next(np.sort(b.sample_indices(0))))
+    # ... and still share the manager's episode book
+    assert all(child._book is buf._book for buf in (a, b) for child in buf.buffers)
+    assert [len(child) for child in a.buffers] == [len(child) for child in b.buffers] == list(a._lengths)
 
 
 def trained_buffer() -> HeteroPrioritizedVectorReplayBuffer:

@@ -469,9 +469,10 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         rows = storable(self, batch)
         if len(ids) != len(rows.done):
             raise ValueError(f"{len(ids)} buffer ids for a batch of {len(rows.done)} transitions")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.buffer_num):
-            raise IndexError(f"buffer ids must lie in [0, {self.buffer_num}), got {ids.tolist()}")
-        if np.unique(ids).size != ids.size:  # one env twice in a step: Tianshou's sequential add
+        listed = ids.tolist()  # a few environments: Python's min/max/set beat NumPy's call overhead
+        if listed and (min(listed) < 0 or max(listed) >= self.buffer_num):
+            raise IndexError(f"buffer ids must lie in [0, {self.buffer_num}), got {listed}")
+        if len(set(listed)) != len(listed):  # one env twice in a step: Tianshou's sequential add
             return super().add(batch, ids)
         ptr, ep_return, ep_len, ep_start = add_rows(self, rows, ids)
         self.init_weight(ptr)

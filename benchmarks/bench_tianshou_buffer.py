@@ -1,0 +1,156 @@
+"""The buffer calls of Tianshou's training loop, side by side: our Tianshou buffer vs Tianshou's own.
+
+    python benchmarks/bench_tianshou_buffer.py            # envs in {1, 4, 16, 64}
+    python benchmarks/bench_tianshou_buffer.py --quick    # smoke run, a few seconds
+
+A Tianshou off-policy loop touches its buffer through five calls; each is timed
+for every contender on the same data, interleaved (timing.py), torch on one
+thread, our tree on one thread:
+
+* **add** — one collector step: a transition from each of ``envs`` environments
+  (``buffer.add(batch, buffer_ids)``), buffer full so slots are overwritten;
+* **sample** — ``buffer.sample(64)``: indices, rows and IS weights;
+* **index** — ``buffer[indices]`` for 64 indices (n-step targets read ``obs_next`` so);
+* **update** — ``buffer.update_weight(indices, td)`` with a torch TD-error tensor;
+* **hasnull** — the collector's NaN check after each ``collect``.
+
+Contenders: ``ours`` = :class:`~hetero_replay.adapters.tianshou.HeteroPrioritizedVectorReplayBuffer`,
+``tianshou-per`` = ``PrioritizedVectorReplayBuffer``, ``tianshou-uniform`` =
+``VectorReplayBuffer`` (no priorities: it has no ``update``). Transitions are
+CartPole-shaped, as Tianshou's ``Collector`` stores them. Results go to
+``<out>/tianshou-buffer.{json,md}`` and the Markdown is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from tianshou.data import Batch, PrioritizedVectorReplayBuffer, VectorReplayBuffer
+from tqdm import tqdm
+
+import hetero_replay
+from bench_replay import machine_info
+from hetero_replay.adapters.tianshou import HeteroPrioritizedVectorReplayBuffer
+from timing import Task, calibrate, run_interleaved
+
+OPS = ("add", "sample", "index", "update", "hasnull")
+BATCH = 64
+
+CONTENDERS: dict[str, Callable[[int, int], Any]] = {
+    "ours": lambda size, envs: HeteroPrioritizedVectorReplayBuffer(size, envs, alpha=0.6, beta=0.4, random_seed=0),
+    "tianshou-per": lambda size, envs: PrioritizedVectorReplayBuffer(size, envs, alpha=0.6, beta=0.4),
+    "tianshou-uniform": lambda size, envs: VectorReplayBuffer(size, envs),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 and 4 envs, 3 short repeats")
+    parser.add_argument("--envs", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--size", type=int, default=50_000, help="transitions held (default 50,000)")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--min-time", type=float, default=0.05, help="seconds of calls per repeat")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args(argv)
+    envs, repeats, min_time = ([1, 4], 3, 0.01) if args.quick else (args.envs, args.repeats, args.min_time)
+    torch.set_num_threads(1)
+    hetero_replay.set_num_threads(1)
+    results = run(envs, args.size, repeats, min_time)
+    text = markdown(results)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "tianshou-buffer" + ("-quick" if args.quick else "")
+    (out / f"{name}.json").write_text(json.dumps(results, indent=1))
+    (out / f"{name}.md").write_text(text)
+    print(text)
+    return 0
+
+
+def step_batches(envs: int, count: int, rng: np.random.Generator) -> list[Batch]:
+    """``count`` collector steps of ``envs`` CartPole-shaped transitions, about 5% ending an episode."""
+    return [
+        Batch(obs=rng.random((envs, 4), dtype=np.float32), act=rng.integers(0, 2, envs), rew=np.ones(envs),
+              terminated=rng.random(envs) < 0.05, truncated=np.zeros(envs, bool),
+              obs_next=rng.random((envs, 4), dtype=np.float32), info=Batch(env_id=np.arange(envs)), policy=Batch())
+        for _ in range(count)
+    ]  # fmt: skip
+
+
+def run(env_counts: Sequence[int], size: int, repeats: int, min_time: float) -> dict[str, Any]:
+    """Time every op of every contender for each number of environments; a dict for JSON."""
+    rng = np.random.default_rng(0)
+    rows: list[dict[str, Any]] = []
+    for envs in env_counts:
+        steps = step_batches(envs, 64, rng)
+        fill = step_batches(envs, -(-size // envs), rng)
+        tasks = []
+        for label, build in CONTENDERS.items():
+            buf = build(size, envs)
+            for batch in fill:
+                buf.add(batch, buffer_ids=np.arange(envs))
+            tasks += _tasks(label, envs, buf, steps, rng)
+        with tqdm(total=len(tasks) * (repeats + 1), desc=f"{envs} envs", leave=False, disable=None) as bar:
+            for task in tasks:
+                calibrate(task, min_time)
+                bar.update()
+            run_interleaved(tasks, repeats, bar.update)
+        rows += [task.summary() for task in tasks]
+    return {"machine": machine_info(), "size": size, "batch": BATCH,
+            "method": {"repeats": repeats, "min_time_s": min_time}, "results": rows}  # fmt: skip
+
+
+def _tasks(label: str, envs: int, buf: Any, steps: list[Batch], rng: np.random.Generator) -> list[Task]:
+    """One task per op of ``buf``; adds cycle over ``steps``, the rest over 8 sampled index sets."""
+    ids = np.arange(envs)
+    step_cycle = itertools.cycle(steps)
+    picks = itertools.cycle(
+        [(np.sort(buf.sample_indices(BATCH)), torch.as_tensor(rng.standard_normal(BATCH), dtype=torch.float32))
+         for _ in range(8)]
+    )  # fmt: skip
+    ops: dict[str, Callable[[], Any]] = {
+        "add": lambda: buf.add(next(step_cycle), buffer_ids=ids),
+        "sample": lambda: buf.sample(BATCH),
+        "index": lambda: buf[next(picks)[0]],
+        "hasnull": buf.hasnull,
+    }
+    if hasattr(buf, "update_weight"):
+        ops["update"] = lambda: buf.update_weight(*next(picks))
+    return [Task({"envs": envs, "label": label, "op": op}, fn, lambda: None) for op, fn in ops.items()]
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """Median µs per call, one table per operation: rows = envs, a column per contender and our ratio."""
+    machine = results["machine"]
+    labels = list(CONTENDERS)
+    median = {(r["envs"], r["label"], r["op"]): r["median_s"] * 1e6 for r in results["results"]}
+    env_counts = sorted({r["envs"] for r in results["results"]})
+    lines = [
+        "# Tianshou buffer calls: ours vs Tianshou's",
+        "",
+        f"- **Machine:** {machine['cpu']}, {machine['cores']} cores; load {machine['loadavg_start'][0]:.2f} at start",
+        f"- **Run:** {machine['date']}, git {machine['git']}; torch and our tree on 1 thread",
+        f"- **Workload:** {results['size']:,} CartPole transitions held, batch {results['batch']}; median of "
+        f"{results['method']['repeats']} interleaved repeats of ≥ {results['method']['min_time_s']} s",
+        "",
+        "Median µs per call; `÷` columns: Tianshou's time over ours (above 1: ours faster).",
+    ]
+    for op in OPS:
+        lines += ["", f"## {op}", "", "| envs | " + " | ".join(labels) + " | tianshou-per ÷ ours |",
+                  "|---" * (len(labels) + 2) + "|"]  # fmt: skip
+        for envs in env_counts:
+            cells = [f"{median[(envs, label, op)]:.1f}" if (envs, label, op) in median else "—" for label in labels]
+            ours, theirs = median.get((envs, "ours", op)), median.get((envs, "tianshou-per", op))
+            ratio = f"{theirs / ours:.2f}×" if ours and theirs else "—"
+            lines.append(f"| {envs} | " + " | ".join(cells) + f" | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
