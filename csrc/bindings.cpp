@@ -203,6 +203,60 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "C++ K-ary sum tree and hot-path helpers of hetero_replay.";
   register_kernel_items(m);
 
+  // The PER arithmetic every CPU backend shares, so that they agree to the bit
+  // whatever SIMD paths NumPy or torch would pick on this machine.
+  m.def(
+      "td_priorities",
+      [](py::handle td_obj, double alpha, double eps, py::object dtype) {
+        py::array td_any = as_1d(td_obj, "td_errors");
+        require_numeric(td_any, "td_errors");
+        DoubleArray td = DoubleArray::ensure(td_any);
+        const py::dtype dt = py::dtype::from_args(dtype);
+        py::array out(dt, td.size());
+        double max_raw;
+        if (dt.equal(py::dtype::of<float>())) {
+          py::gil_scoped_release nogil;
+          max_raw = priorities_from_td(td.data(), td.size(), alpha, eps, static_cast<float*>(out.mutable_data()));
+        } else if (dt.equal(py::dtype::of<double>())) {
+          py::gil_scoped_release nogil;
+          max_raw = priorities_from_td(td.data(), td.size(), alpha, eps, static_cast<double*>(out.mutable_data()));
+        } else {
+          throw py::value_error("dtype must be float32 or float64, got " + py::str(dt).cast<std::string>());
+        }
+        return py::make_tuple(out, max_raw);
+      },
+      py::arg("td_errors"), py::arg("alpha"), py::arg("eps"), py::arg("dtype"),
+      "(|td| + eps) ** alpha as `dtype` and max(|td| + eps), exactly as the C++ tree computes them.");
+  m.def(
+      "is_weights",
+      [](py::handle leaves_obj, double min_priority, double beta) {
+        py::array any = as_1d(leaves_obj, "priorities");
+        require_numeric(any, "priorities");
+        py::array_t<float> out(any.size());
+        float* o = out.mutable_data();
+        if (any.dtype().equal(py::dtype::of<float>())) {
+          auto p = py::array_t<float, py::array::c_style>::ensure(any);
+          for (py::ssize_t i = 0; i < p.size(); ++i) o[i] = is_weight(p.data()[i], min_priority, beta);
+        } else {
+          DoubleArray p = DoubleArray::ensure(any);
+          for (py::ssize_t i = 0; i < p.size(); ++i) o[i] = is_weight(p.data()[i], min_priority, beta);
+        }
+        return out;
+      },
+      py::arg("priorities"), py::arg("min_priority"), py::arg("beta"),
+      "IS weights (min_priority / p) ** beta as float32, exactly as the C++ tree computes them.");
+  m.def(
+      "run_parallel_for_test",
+      [](int64_t n, int threads, int64_t failing_item) {
+        py::gil_scoped_release nogil;
+        parallel_for(n, threads, [&](int64_t i) {
+          if (i == failing_item) throw std::runtime_error("item " + std::to_string(i) + " failed");
+        });
+      },
+      py::arg("n"), py::arg("threads"), py::arg("failing_item"),
+      "Self-test of the thread pool: runs n items on `threads` threads; item `failing_item` throws. "
+      "The exception must reach the caller as RuntimeError.");
+
   m.def("num_threads", &num_threads,
         "Threads used by large batch operations (default: all hardware threads, or "
         "$HETERO_REPLAY_NUM_THREADS).");
@@ -237,6 +291,8 @@ writers and readers are serialised by an internal reader/writer lock.
              std::shared_lock lock(t.tree->mutex());
              return t.tree->total();
            }, "Sum of all leaves (float64).")
+      .def_property_readonly("max_leaf", [](const PySumTree& t) { return t.tree->max_leaf(); },
+                             "Largest leaf value accepted: capacity such leaves still sum to a finite value.")
       .def("min", [](const PySumTree& t) {
              std::shared_lock lock(t.tree->mutex());
              return t.tree->min();
@@ -306,6 +362,11 @@ writers and readers are serialised by an internal reader/writer lock.
           [](PySumTree& t, int64_t batch_size, py::handle rng, double beta, bool stratified) {
             if (batch_size <= 0)
               throw py::value_error("batch_size must be > 0, got " + std::to_string(batch_size));
+            {  // refuse before drawing: a refused call leaves the generator as it was
+              std::shared_lock lock(t.tree->mutex());
+              if (!(t.tree->total() > 0.0))
+                throw py::value_error("the tree holds no priority mass (all priorities are 0)");
+            }
             t.bind_rng(rng);
             py::array_t<double> u = t.draw_uniforms(batch_size);
             IndexArray idx(batch_size);

@@ -74,20 +74,20 @@ void register_kernel_items(py::module_& parent) {
   py::module_ m = parent.def_submodule(
       "kernels", "The CUDA kernels of csrc/cuda/, run on the CPU (same per-item code; for tests).");
 
-  m.def("check_priorities", [](int64_t n, py::object idx, py::object values, int64_t limit, py::object keys,
-                               py::object status) {
+  m.def("check_priorities", [](int64_t n, py::object idx, py::object values, int64_t limit, double max_leaf,
+                               py::object keys, py::object status) {
     with_type(values, [&](auto tag) {
       using T = decltype(tag);
       const int64_t* ix = ptr<int64_t>(idx, "idx");
       const T* v = ptr<T>(values, "values");
       int64_t* k = ptr<int64_t>(keys, "keys");
       Status* st = ptr<Status>(status, "status");
-      for (int64_t i = 0; i < n; ++i) record_bad(st, check_priority_item<T>(i, n, ix, v, limit, k), n, i);
+      for (int64_t i = 0; i < n; ++i) record_bad(st, check_priority_item<T>(i, n, ix, v, limit, max_leaf, k), n, i);
     });
   });
 
   m.def("check_td", [](int64_t n, py::object idx, py::object td, int64_t limit, double alpha, double eps,
-                       py::object keys, py::object priorities, py::object status) {
+                       double max_leaf, py::object keys, py::object priorities, py::object status) {
     with_type(priorities, [&](auto tag) {
       using T = decltype(tag);
       const int64_t* ix = ptr<int64_t>(idx, "idx");
@@ -96,7 +96,7 @@ void register_kernel_items(py::module_& parent) {
       T* p = ptr<T>(priorities, "priorities");
       Status* st = ptr<Status>(status, "status");
       for (int64_t i = 0; i < n; ++i) {
-        const int bad = check_td_item<T>(i, n, ix, d, limit, alpha, eps, k, p);
+        const int bad = check_td_item<T>(i, n, ix, d, limit, alpha, eps, max_leaf, k, p);
         record_bad(st, bad, n, i);
         if (!(bad & kBadValue)) st[kStatusMaxRaw] = std::max<Status>(st[kStatusMaxRaw], double_bits(d[i] + eps));
       }

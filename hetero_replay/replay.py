@@ -14,18 +14,30 @@ torch tensors already on that device (see
 device tree (``tree="torch"`` or ``"cupy"`` and ``tree_device=``), sampling and
 priority updates run there too. :class:`hetero_replay.mapping.Mapping` builds
 these arguments from a device per primitive.
+
+Threads and processes: every public method may be called from several threads
+at once. Each takes the buffer's lock, so an ``add`` is never seen half
+written, no row is lost, and a sample never returns a slot that was not
+written. Before ``fork`` every live buffer's lock is taken (operations in
+flight finish first), so a child process gets a consistent, usable buffer.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-from hetero_replay import checkpoint
+from hetero_replay import _native, checkpoint
 from hetero_replay.storage import HOST, HostStorage, Schema, make_storage
 from hetero_replay.trees import SumTree, make_tree
+from hetero_replay.trees.base import MAX_CAPACITY, describe_max_leaf
+
+#: Largest batch one ``sample`` call draws.
+MAX_BATCH = 2**30
 
 #: Added to every ``|TD error|`` (the ``eps`` of every buffer in this package). It also floors
 #: the smallest priority, and with it the largest IS weight that normalises all the others:
@@ -83,6 +95,8 @@ class PrioritizedReplay:
         >>> buf.update_priorities(batch.indices, np.abs(np.random.randn(4)))
     """
 
+    _lock: threading.RLock
+
     def __new__(cls, *args: Any, **kwargs: Any) -> "PrioritizedReplay":
         # Buffers that hand out torch tensors are a subclass, so the NumPy path
         # pays nothing per call for the device path's existence.
@@ -109,17 +123,21 @@ class PrioritizedReplay:
         storage: str = HOST,
         device: Any = None,
     ) -> None:
-        if not isinstance(capacity, (int, np.integer)) or capacity < 1:
-            raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
-        self.alpha = alpha
-        self.beta = beta
-        if not (np.isfinite(eps) and eps >= 0):
-            raise ValueError(f"eps must be finite and >= 0, got {eps}")
-        self.eps = float(eps)
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+            raise TypeError(f"capacity must be an integer, got {type(capacity).__name__} {capacity!r}")
+        if not 1 <= capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be in [1, 2**40], got {capacity}")
+        if not isinstance(stratified, (bool, np.bool_)):
+            raise TypeError(f"stratified must be True or False, got {type(stratified).__name__} {stratified!r}")
+        self._lock = threading.RLock()
+        self._beta = _check_beta(beta)
+        self._alpha = _check_alpha(alpha)
+        self._eps = _check_eps(eps)
         self.stratified = bool(stratified)
         self.capacity = int(capacity)
-        self.storage = make_storage(storage, self.capacity, schema)
         self.tree: SumTree = make_tree(tree, self.capacity, fanout, priority_dtype, device=tree_device)
+        _check_floor(self._alpha, self._eps, self.tree.dtype)
+        self.storage = make_storage(storage, self.capacity, schema)
         self._tree_backend = tree
         # How to rebuild this buffer elsewhere (load_state_dict, pickling).
         self._placement = {
@@ -131,23 +149,37 @@ class PrioritizedReplay:
         self._pos = 0
         self._size = 0
         self._max_priority = 1.0  # raw (|td| + eps); new items get its alpha power
+        _LIVE.add(self)
 
     # -- hyper-parameters ----------------------------------------------------------
 
     @property
     def alpha(self) -> float:
+        """Priority exponent. Changing it shapes only priorities written from now on."""
         return self._alpha
 
     @alpha.setter
     def alpha(self, value: float) -> None:
-        # alpha only shapes priorities written from now on; it is fixed per
-        # buffer in practice, so it is validated but not retroactively applied.
-        if not (np.isfinite(value) and value >= 0):
-            raise ValueError(f"alpha must be finite and >= 0, got {value}")
-        self._alpha = float(value)
+        alpha = _check_alpha(value)
+        with self._lock:
+            _check_floor(alpha, self._eps, self.tree.dtype)
+            self._alpha = alpha
+
+    @property
+    def eps(self) -> float:
+        """Added to every ``|TD error|``; ``eps ** alpha`` is the smallest priority."""
+        return self._eps
+
+    @eps.setter
+    def eps(self, value: float) -> None:
+        eps = _check_eps(value)
+        with self._lock:
+            _check_floor(self._alpha, eps, self.tree.dtype)
+            self._eps = eps
 
     @property
     def beta(self) -> float:
+        """IS-weight exponent in ``[0, 1]`` used when :meth:`sample` is given none."""
         return self._beta
 
     @beta.setter
@@ -179,51 +211,83 @@ class PrioritizedReplay:
 
         New transitions get the largest priority seen so far, so each is sampled
         at least once soon. Returns their indices. Nothing is written unless the
-        whole batch is valid.
+        whole batch is valid (fields, shapes, dtypes, values that survive the
+        cast, and a new priority the tree can hold).
         """
-        rows, arrays = self.storage.validate(batch)
-        indices = (self._pos + np.arange(rows, dtype=np.int64)) % self.capacity
-        if rows == 0:
+        with self._lock:
+            rows, arrays = self.storage.validate(batch)
+            indices = (self._pos + np.arange(rows, dtype=np.int64)) % self.capacity
+            if rows == 0:
+                return indices
+            priority = self._new_priority()
+            self.storage.write(self._pos, arrays)
+            self.tree.update(indices, np.full(rows, priority, self.tree.dtype))
+            self._pos = (self._pos + rows) % self.capacity
+            self._size = min(self._size + rows, self.capacity)
             return indices
-        self.storage.write(self._pos, arrays)
-        self.tree.update(indices, np.full(rows, self._max_priority**self._alpha, self.tree.dtype))
-        self._pos = (self._pos + rows) % self.capacity
-        self._size = min(self._size + rows, self.capacity)
-        return indices
+
+    def _new_priority(self) -> Any:
+        """``max_priority ** alpha`` in the tree's dtype, or ``ValueError`` if the tree cannot hold it."""
+        with np.errstate(over="ignore"):
+            priority = self.tree.dtype.type(self._max_priority**self._alpha)
+        if not priority <= self.tree.max_leaf:
+            raise ValueError(
+                f"the priority of new transitions, max_priority ** alpha = {self._max_priority!r} ** "
+                f"{self._alpha!r} = {priority!r}, exceeds the largest priority this tree can sum, "
+                f"{describe_max_leaf(self.tree.dtype, self.capacity)}; lower alpha"
+            )
+        return priority
 
     def sample(self, batch_size: int, beta: float | None = None) -> Sample:
         """Draw ``batch_size`` transitions with probability ``p_i^alpha / sum p^alpha``.
 
         Args:
-            batch_size: number of draws (with replacement).
+            batch_size: number of draws (with replacement), in ``[1, 2**30]``.
             beta: IS exponent for this call; defaults to :attr:`beta`.
+
+        A refused call (bad arguments, empty buffer) leaves the random
+        generator untouched.
         """
-        if self._size == 0:
-            raise ValueError("cannot sample from an empty buffer; add transitions first")
-        if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)):
+            raise TypeError(f"batch_size must be an integer, got {type(batch_size).__name__} {batch_size!r}")
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise ValueError(f"batch_size must be in [1, 2**30], got {batch_size}")
         beta = self._beta if beta is None else _check_beta(beta)
-        indices, weights = self.tree.sample(int(batch_size), self.rng, beta, self.stratified)
+        with self._lock:
+            if self._size == 0:
+                raise ValueError("cannot sample from an empty buffer; add transitions first")
+            return self._draw(int(batch_size), beta)
+
+    def _draw(self, batch_size: int, beta: float) -> Sample:
+        """The sample itself, arguments checked, lock held."""
+        indices, weights = self.tree.sample(batch_size, self.rng, beta, self.stratified)
         return Sample(self.storage.gather(indices), indices, weights)
 
     def update_priorities(self, indices: Any, td_errors: Any) -> None:
         """Set the priorities of sampled transitions from their ``|TD error|``.
 
         The stored priority is ``(|td| + eps) ** alpha``. ``td_errors`` must be
-        magnitudes: a NaN, infinite or negative entry raises ``ValueError``
-        naming its position, an index outside the filled part of the buffer
-        raises ``IndexError``; either way no priority changes.
+        magnitudes: a NaN, infinite or negative entry, or one whose priority
+        the tree cannot sum (see :attr:`SumTree.max_leaf`), raises
+        ``ValueError`` naming its position; an index outside the filled part of
+        the buffer raises ``IndexError``; either way no priority changes.
         """
-        limit = None if self._size == self.capacity else self._size
-        max_raw = self.tree.update_td(indices, td_errors, self._alpha, self.eps, limit)
-        if max_raw > self._max_priority:
-            self._max_priority = max_raw
+        with self._lock:
+            limit = None if self._size == self.capacity else self._size
+            max_raw = self._update(indices, td_errors, limit)
+            if max_raw > self._max_priority:
+                self._max_priority = max_raw
+
+    def _update(self, indices: Any, td_errors: Any, limit: int | None) -> float:
+        """The tree update itself, lock held; returns ``max(|td| + eps)``."""
+        return self.tree.update_td(indices, td_errors, self._alpha, self._eps, limit)
 
     # -- state -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly where this buffer is (copies)."""
-        return self._state(copy=True)
+        with self._lock:
+            return self._state(copy=True)
 
     def _state(self, copy: bool) -> dict[str, Any]:
         if isinstance(self.storage, HostStorage):
@@ -235,7 +299,7 @@ class PrioritizedReplay:
                 "capacity": self.capacity,
                 "alpha": self._alpha,
                 "beta": self._beta,
-                "eps": self.eps,
+                "eps": self._eps,
                 "fanout": self.tree.fanout,
                 "priority_dtype": self.tree.dtype.name,
                 "stratified": self.stratified,
@@ -263,7 +327,15 @@ class PrioritizedReplay:
                 f"capacity {self.capacity} and schema {self.schema!r}. Use PrioritizedReplay.from_state_dict."
             )
         fresh = PrioritizedReplay.from_state_dict(state, tree=self._tree_backend, **self._placement)
-        self.__dict__.update(fresh.__dict__)
+        with self._lock:
+            self._become(fresh)
+
+    def _become(self, fresh: "PrioritizedReplay") -> None:
+        """Take over ``fresh``'s state, keeping this buffer's lock (other threads may wait on it)."""
+        _LIVE.discard(fresh)
+        state = dict(fresh.__dict__)
+        state.pop("_lock")
+        self.__dict__.update(state)
 
     @classmethod
     def from_state_dict(
@@ -308,15 +380,26 @@ class PrioritizedReplay:
         buf.tree.load_leaves(leaves)
         buf.rng.bit_generator.state = state["rng_state"]
         buf._pos, buf._size = pos, size
-        buf._max_priority = float(state["max_priority"])
+        max_priority = state["max_priority"]
+        if isinstance(max_priority, bool) or not isinstance(max_priority, (int, float, np.integer, np.floating)):
+            raise TypeError(f"max_priority must be a number, got {type(max_priority).__name__}")
+        if not (np.isfinite(max_priority) and max_priority > 0):
+            raise ValueError(f"max_priority must be finite and > 0, got {max_priority!r}")
+        buf._max_priority = float(max_priority)
+        buf._new_priority()  # refuses a max priority whose alpha power the tree cannot hold
         return buf
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the buffer to ``path`` atomically (see :mod:`hetero_replay.checkpoint`)."""
-        state = self._state(copy=False)  # views: saving a large buffer needs no second copy
-        arrays = {f"storage/{n}": a for n, a in state.pop("storage").items()}
-        arrays["priorities"] = state.pop("priorities")
-        checkpoint.write(path, state, arrays)
+        """Write the buffer to ``path`` atomically (see :mod:`hetero_replay.checkpoint`).
+
+        Holds the buffer's lock while writing: views, not copies, are saved, so
+        a large buffer needs no second copy in memory.
+        """
+        with self._lock:
+            state = self._state(copy=False)
+            arrays = {f"storage/{n}": a for n, a in state.pop("storage").items()}
+            arrays["priorities"] = state.pop("priorities")
+            checkpoint.write(path, state, arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], tree: str = "auto", **placement: Any) -> "PrioritizedReplay":
@@ -332,16 +415,93 @@ class PrioritizedReplay:
             return cls.from_state_dict(state, tree=tree, **placement)
         except (KeyError, TypeError, ValueError) as e:
             raise checkpoint.ReplayFileError(f"{path}: inconsistent replay file ({e})") from e
+        except MemoryError as e:
+            # read() checked the header against the format's bounds, but it may still
+            # describe a buffer larger than this machine can allocate: refuse the file.
+            raise checkpoint.ReplayFileError(
+                f"{path}: describes a buffer of capacity {header['config']['capacity']}, "
+                f"more than this machine can allocate ({e})"
+            ) from e
 
     def __getstate__(self) -> dict[str, Any]:
         return {"state": self.state_dict(), "tree": self._tree_backend, "placement": self._placement}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         fresh = PrioritizedReplay.from_state_dict(d["state"], tree=d["tree"], **d.get("placement", {}))
-        self.__dict__.update(fresh.__dict__)
+        self._lock = threading.RLock()
+        self._become(fresh)
+        _LIVE.add(self)
 
 
-def _check_beta(value: float) -> float:
-    if not (0.0 <= value <= 1.0):
-        raise ValueError(f"beta must be in [0, 1], got {value}")
+# -- fork ------------------------------------------------------------------------------
+# Every live buffer's lock is held across fork(): operations in flight on other
+# threads finish first, and none starts, so the child copies consistent
+# buffers. The child gets fresh locks (the parent's threads do not exist there).
+_LIVE: "weakref.WeakSet[PrioritizedReplay]" = weakref.WeakSet()
+_FORK_HELD: list[PrioritizedReplay] = []
+
+
+def _before_fork() -> None:
+    buffers = list(_LIVE)
+    for buf in buffers:
+        buf._lock.acquire()
+    _FORK_HELD[:] = buffers
+
+
+def _after_fork_in_parent() -> None:
+    for buf in _FORK_HELD:
+        buf._lock.release()
+    _FORK_HELD.clear()
+
+
+def _after_fork_in_child() -> None:
+    for buf in _FORK_HELD:
+        buf._lock = threading.RLock()
+    _FORK_HELD.clear()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+
+
+# -- argument checks ---------------------------------------------------------------------
+
+
+def _real(name: str, value: Any) -> float:
+    """``value`` as a finite float, or ``TypeError``/``ValueError`` naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
     return float(value)
+
+
+def _check_beta(value: Any) -> float:
+    beta = _real("beta", value)
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {value!r}")
+    return beta
+
+
+def _check_alpha(value: Any) -> float:
+    alpha = _real("alpha", value)
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {value!r}")
+    return alpha
+
+
+def _check_eps(value: Any) -> float:
+    eps = _real("eps", value)
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {value!r}")
+    return eps
+
+
+def _check_floor(alpha: float, eps: float, dtype: np.dtype) -> None:
+    """Refuses ``(alpha, eps)`` whose smallest priority ``eps ** alpha`` rounds to 0 in ``dtype``:
+    a transition with TD error 0 would then never be sampled again."""
+    (floor,), _ = _native.td_priorities(np.zeros(1), alpha, eps, dtype)  # the trees' own arithmetic
+    if eps > 0 and floor == 0:
+        raise ValueError(
+            f"eps ** alpha = {eps!r} ** {alpha!r} underflows to 0 in {dtype}: a transition whose TD error "
+            f"is 0 could never be sampled again; raise eps or lower alpha"
+        )

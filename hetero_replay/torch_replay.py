@@ -26,10 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
-from hetero_replay.replay import PrioritizedReplay, Sample, _check_beta
+from hetero_replay.replay import PrioritizedReplay, Sample
 from hetero_replay.storage import HostStorage
 from hetero_replay.storage.torch_storage import TorchStorage
 
@@ -69,23 +68,19 @@ class TorchBatchReplay(PrioritizedReplay):
 
         ``data`` and ``weights`` are on :attr:`device`; ``indices`` (int64)
         stay where the tree is, which is where :meth:`update_priorities` wants
-        them.
+        them. Arguments and errors as in the base class.
         """
-        if self._size == 0:
-            raise ValueError("cannot sample from an empty buffer; add transitions first")
-        if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        beta = self._beta if beta is None else _check_beta(beta)
+        return super().sample(batch_size, beta)
+
+    def _draw(self, batch_size: int, beta: float) -> Sample:
         tree: Any = self.tree
         if self._fused:
-            indices, weights, data = tree.sample_rows(
-                int(batch_size), self.rng, beta, self.storage.arrays, self.stratified
-            )
+            indices, weights, data = tree.sample_rows(batch_size, self.rng, beta, self.storage.arrays, self.stratified)
             return Sample(data, indices, weights)
         if self._device_tree:
-            indices, weights = tree.sample_tensors(int(batch_size), self.rng, beta, self.stratified)
+            indices, weights = tree.sample_tensors(batch_size, self.rng, beta, self.stratified)
         else:
-            idx_np, w_np = self.tree.sample(int(batch_size), self.rng, beta, self.stratified)
+            idx_np, w_np = self.tree.sample(batch_size, self.rng, beta, self.stratified)
             indices, weights = torch.from_numpy(idx_np), torch.from_numpy(w_np)
         if isinstance(self.storage, HostStorage):
             rows = self.storage.gather(indices.cpu().numpy())
@@ -99,12 +94,12 @@ class TorchBatchReplay(PrioritizedReplay):
 
         Same rules and errors as the base class; nothing changes on error.
         """
+        super().update_priorities(indices, td_errors)
+
+    def _update(self, indices: Any, td_errors: Any, limit: int | None) -> float:
         if not self._device_tree:
             indices, td_errors = _host(indices), _host(td_errors)
-        limit = None if self._size == self.capacity else self._size
-        max_raw = self.tree.update_td(indices, td_errors, self._alpha, self.eps, limit)
-        if max_raw > self._max_priority:
-            self._max_priority = max_raw
+        return self.tree.update_td(indices, td_errors, self._alpha, self._eps, limit)
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", storage={self._placement['storage']}, device={self.device})"

@@ -86,7 +86,7 @@ def test_check_kernels_record_first_bad_positions_and_max_raw():
     idx = np.array([0, 7, 1, 9, 2, 1], np.int64)
     td = np.array([0.5, 1.0, np.nan, 4.0, 2.5, -1.0])
     keys, priorities, status = np.empty(n, np.int64), np.empty(n, np.float32), np.zeros(5, np.uint64)
-    kernels.check_td(n, idx, td, 8, 0.5, 0.25, keys, priorities, status)
+    kernels.check_td(n, idx, td, 8, 0.5, 0.25, 1e30, keys, priorities, status)
     assert status[0] == n - 3  # index 9 at position 3 is the first out of [0, 8)
     assert status[1] == n - 2  # the NaN at position 2 is the first bad TD error
     assert status[2:3].view(np.float64)[0] == 4.0 + 0.25  # max over the valid entries

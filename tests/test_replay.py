@@ -170,8 +170,11 @@ def test_bad_sample_calls(backend):
         b.sample(4)
     b.add(make_batch(3))
     before = snapshot(b)
-    for bad in (0, -3, 2.5):
+    for bad in (0, -3, 2**63):
         with pytest.raises(ValueError, match="batch_size"):
+            b.sample(bad)
+    for bad in (2.5, True, "4", None):
+        with pytest.raises(TypeError, match="batch_size"):
             b.sample(bad)
     with pytest.raises(ValueError, match="beta"):
         b.sample(4, beta=1.5)

@@ -9,20 +9,21 @@ using namespace hetero_replay;
 
 template <typename T>
 __global__ void hr_check_priorities(int64_t n, const int64_t* idx, const T* values, int64_t limit,
-                                    int64_t* keys, unsigned long long* status) {
+                                    double max_leaf, int64_t* keys, unsigned long long* status) {
   const int64_t i = thread_item();
   if (i >= n) return;
-  const int bad = check_priority_item<T>(i, n, idx, values, limit, keys);
+  const int bad = check_priority_item<T>(i, n, idx, values, limit, max_leaf, keys);
   if (bad & kBadIndex) atomicMax(status + kStatusBadIndex, static_cast<unsigned long long>(n - i));
   if (bad & kBadValue) atomicMax(status + kStatusBadValue, static_cast<unsigned long long>(n - i));
 }
 
 template <typename T>
 __global__ void hr_check_td(int64_t n, const int64_t* idx, const double* td, int64_t limit, double alpha,
-                            double eps, int64_t* keys, T* priorities, unsigned long long* status) {
+                            double eps, double max_leaf, int64_t* keys, T* priorities,
+                            unsigned long long* status) {
   const int64_t i = thread_item();
   if (i >= n) return;
-  const int bad = check_td_item<T>(i, n, idx, td, limit, alpha, eps, keys, priorities);
+  const int bad = check_td_item<T>(i, n, idx, td, limit, alpha, eps, max_leaf, keys, priorities);
   if (bad & kBadIndex) atomicMax(status + kStatusBadIndex, static_cast<unsigned long long>(n - i));
   if (bad & kBadValue) atomicMax(status + kStatusBadValue, static_cast<unsigned long long>(n - i));
   else atomicMax(status + kStatusMaxRaw, static_cast<unsigned long long>(double_bits(td[i] + eps)));
@@ -69,10 +70,10 @@ __global__ void hr_refresh_root(const T* top_values, const T* top_mins, double* 
 
 #ifdef HR_INSTANTIATE_ALL
 #define HR_TYPE_KERNELS(T)                                                                                 \
-  template __global__ void hr_check_priorities<T>(int64_t, const int64_t*, const T*, int64_t, int64_t*,    \
-                                                  unsigned long long*);                                    \
+  template __global__ void hr_check_priorities<T>(int64_t, const int64_t*, const T*, int64_t, double,      \
+                                                  int64_t*, unsigned long long*);                          \
   template __global__ void hr_check_td<T>(int64_t, const int64_t*, const double*, int64_t, double, double, \
-                                          int64_t*, T*, unsigned long long*);                              \
+                                          double, int64_t*, T*, unsigned long long*);                      \
   template __global__ void hr_write_leaves<T>(int64_t, const int64_t*, const T*, T*, const unsigned long long*);
 #define HR_TREE_KERNELS(T, K)                                                                                  \
   template __global__ void hr_refresh_level<T, K>(int64_t, const int64_t*, int64_t, const T*, const T*,        \

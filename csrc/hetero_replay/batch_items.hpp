@@ -56,13 +56,15 @@ HR_HD bool valid_priority(T v) {
   return v >= T(0) && v < static_cast<T>(INFINITY);
 }
 
-// Entry i of `update(idx, values)`: its flags and its sort key.
+// Entry i of `update(idx, values)`: its flags and its sort key. A value must
+// also be at most `max_leaf`, so the tree's sums stay finite.
 template <typename T>
 HR_HD int check_priority_item(int64_t i, int64_t n, const int64_t* idx, const T* values, int64_t limit,
-                              int64_t* keys) {
+                              double max_leaf, int64_t* keys) {
   const bool index_ok = idx[i] >= 0 && idx[i] < limit;
   keys[i] = index_ok ? idx[i] * n + i : i;  // a bad entry's key is never used
-  return (index_ok ? 0 : kBadIndex) | (valid_priority(values[i]) ? 0 : kBadValue);
+  const bool value_ok = valid_priority(values[i]) && static_cast<double>(values[i]) <= max_leaf;
+  return (index_ok ? 0 : kBadIndex) | (value_ok ? 0 : kBadValue);
 }
 
 // (td + eps)^alpha in the tree's type; float32 trees take the power in float32
@@ -74,15 +76,18 @@ HR_HD T priority_from_td(double td, double alpha, double eps) {
   return static_cast<T>(pow(raw, alpha));
 }
 
-// Entry i of `update_td(idx, td)`: its flags, its sort key and its priority.
+// Entry i of `update_td(idx, td)`: its flags, its sort key and its priority
+// (bad when the TD error is not a finite magnitude or its priority exceeds
+// `max_leaf`).
 template <typename T>
 HR_HD int check_td_item(int64_t i, int64_t n, const int64_t* idx, const double* td, int64_t limit, double alpha,
-                        double eps, int64_t* keys, T* priorities) {
+                        double eps, double max_leaf, int64_t* keys, T* priorities) {
   const bool index_ok = idx[i] >= 0 && idx[i] < limit;
   keys[i] = index_ok ? idx[i] * n + i : i;
   const bool td_ok = valid_priority(td[i]);
   priorities[i] = td_ok ? priority_from_td<T>(td[i], alpha, eps) : T(0);
-  return (index_ok ? 0 : kBadIndex) | (td_ok ? 0 : kBadValue);
+  const bool value_ok = td_ok && static_cast<double>(priorities[i]) <= max_leaf;
+  return (index_ok ? 0 : kBadIndex) | (value_ok ? 0 : kBadValue);
 }
 
 // Item i of the sorted keys: the last entry for its leaf writes it.

@@ -8,7 +8,9 @@
 // The minimum tree stores only internal levels: its leaves are the sum tree's.
 //
 // Batch operations release no lock on the data they read: callers (the
-// bindings) serialise writers against readers with `mutex()`.
+// bindings) serialise writers against readers with `mutex()`. Every tree's
+// mutex is taken around fork(), so a child never inherits one held by a
+// thread that does not exist there (see ForkGuard).
 #pragma once
 
 #include <algorithm>
@@ -18,12 +20,16 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <new>
+#include <unordered_set>
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "descent.hpp"
+#include "format.hpp"
 #include "group_simd.hpp"
 #include "priority_transform.hpp"
 #include "task_pool.hpp"
@@ -60,17 +66,59 @@ std::unique_ptr<T[], AlignedFree> aligned_array(int64_t n, T fill) {
   return std::unique_ptr<T[], AlignedFree>(p);
 }
 
+// ---- limits ----------------------------------------------------------------
+
+// Largest capacity: 2^40 leaves (4 TiB of float32 priorities) is far beyond
+// any replay buffer, and keeps every level-size computation far from int64
+// overflow.
+constexpr int64_t kMaxCapacity = int64_t{1} << 40;
+
+// Largest leaf a tree of `capacity` leaves accepts: capacity such leaves sum
+// to at most half the type's largest finite value, so no node sum (nor the
+// total) can overflow to inf, rounding included.
+template <typename T>
+double largest_leaf(int64_t capacity) {
+  return static_cast<double>(std::numeric_limits<T>::max()) / 2.0 / static_cast<double>(capacity);
+}
+
 // ---- type-erased interface (what the Python bindings see) -------------------
+
+class SumTreeBase;
+
+// Keeps fork() from copying a tree lock held by another thread into the child
+// (where that thread does not exist, so the lock would never be released):
+// before fork every live tree's lock is taken, as a writer, so no operation is
+// in flight; after it both processes release them. Registered after the
+// thread pool's handlers, so it runs first before fork and waits for updates
+// that use the pool to finish.
+class ForkGuard {
+ public:
+  static void add(SumTreeBase* tree);
+  static void remove(SumTreeBase* tree);
+
+ private:
+  static ForkGuard& instance();
+  static void before_fork();
+  static void after_fork_parent();
+  static void after_fork_child();
+
+  std::mutex mutex_;
+  std::unordered_set<SumTreeBase*> trees_;
+};
 
 class SumTreeBase {
  public:
-  virtual ~SumTreeBase() = default;
+  SumTreeBase() { ForkGuard::add(this); }
+  SumTreeBase(const SumTreeBase&) = delete;
+  SumTreeBase& operator=(const SumTreeBase&) = delete;
+  virtual ~SumTreeBase() { ForkGuard::remove(this); }
   virtual int64_t capacity() const = 0;
   virtual int fanout() const = 0;
   virtual int value_bytes() const = 0;  // 4: float32, 8: float64
   virtual int num_levels() const = 0;
   virtual double total() const = 0;
   virtual double min() const = 0;  // over leaves > 0; +inf if none
+  virtual double max_leaf() const = 0;  // largest leaf accepted
 
   // `values` point to the tree's value type. All inputs are validated before
   // anything is written: on error the tree is unchanged.
@@ -87,10 +135,51 @@ class SumTreeBase {
                       float* weight_out) const = 0;
 
   std::shared_mutex& mutex() const { return mutex_; }
+  // After fork, in the child only: a fresh, unlocked mutex.
+  void reset_mutex_in_child() { new (&mutex_) std::shared_mutex(); }
 
  private:
   mutable std::shared_mutex mutex_;
 };
+
+inline ForkGuard& ForkGuard::instance() {
+  static ForkGuard* guard = [] {
+    TaskPool::instance();  // the pool registers its fork handlers first
+    pthread_atfork(&ForkGuard::before_fork, &ForkGuard::after_fork_parent, &ForkGuard::after_fork_child);
+    return new ForkGuard();  // never destroyed: trees may outlive static destructors
+  }();
+  return *guard;
+}
+
+inline void ForkGuard::add(SumTreeBase* tree) {
+  ForkGuard& g = instance();
+  std::lock_guard<std::mutex> lock(g.mutex_);
+  g.trees_.insert(tree);
+}
+
+inline void ForkGuard::remove(SumTreeBase* tree) {
+  ForkGuard& g = instance();
+  std::lock_guard<std::mutex> lock(g.mutex_);
+  g.trees_.erase(tree);
+}
+
+inline void ForkGuard::before_fork() {
+  ForkGuard& g = instance();
+  g.mutex_.lock();
+  for (SumTreeBase* t : g.trees_) t->mutex().lock();
+}
+
+inline void ForkGuard::after_fork_parent() {
+  ForkGuard& g = instance();
+  for (SumTreeBase* t : g.trees_) t->mutex().unlock();
+  g.mutex_.unlock();
+}
+
+inline void ForkGuard::after_fork_child() {
+  ForkGuard& g = instance();
+  for (SumTreeBase* t : g.trees_) t->reset_mutex_in_child();
+  new (&g.mutex_) std::mutex();
+}
 
 // ---- the tree ----------------------------------------------------------------
 
@@ -99,8 +188,9 @@ class KaryTree final : public SumTreeBase {
   static_assert(K >= 2 && (K & (K - 1)) == 0, "fanout must be a power of two");
 
  public:
-  explicit KaryTree(int64_t capacity) : capacity_(capacity) {
-    if (capacity < 1) throw std::invalid_argument("capacity must be >= 1");
+  explicit KaryTree(int64_t capacity) : capacity_(capacity), max_leaf_(largest_leaf<T>(capacity)) {
+    if (capacity < 1 || capacity > kMaxCapacity)
+      throw std::invalid_argument("capacity must be in [1, 2**40], got " + std::to_string(capacity));
     int64_t n = round_up(capacity);
     while (true) {
       level_size_.push_back(n);
@@ -125,6 +215,7 @@ class KaryTree final : public SumTreeBase {
   int num_levels() const override { return static_cast<int>(level_size_.size()); }
   double total() const override { return total_; }
   double min() const override { return static_cast<double>(min_); }
+  double max_leaf() const override { return max_leaf_; }
 
   void update(const int64_t* idx, const void* values, int64_t n) override {
     const T* v = static_cast<const T*>(values);
@@ -139,7 +230,14 @@ class KaryTree final : public SumTreeBase {
     std::vector<T> priorities(static_cast<size_t>(n));
     const int threads = n >= kParallelMinUpdates ? num_threads() : 1;
     const double max_raw = priorities_from_td(td, n, alpha, eps, priorities.data(), threads);
-    validate_values(priorities.data(), n);  // a huge |td| can overflow float32 to inf
+    for (int64_t i = 0; i < n; ++i) {
+      if (!(static_cast<double>(priorities[i]) <= max_leaf_))
+        throw std::invalid_argument(
+            "TD error at position " + std::to_string(i) + " is " + exact(td[i]) +
+            ": its priority (td + eps) ** alpha = " + exact(priorities[i]) +
+            " exceeds the largest priority this tree can sum, " + exact(max_leaf_) + " (the largest " +
+            (sizeof(T) == 4 ? "float32" : "float64") + " / (2 * capacity " + std::to_string(capacity_) + "))");
+    }
     apply(idx, priorities.data(), n);
     return max_raw;
   }
@@ -173,8 +271,8 @@ class KaryTree final : public SumTreeBase {
     for (int64_t i = 0; i < n; ++i) {
       if (!(mass[i] >= 0.0 && mass[i] < total_))
         throw std::invalid_argument("mass at position " + std::to_string(i) + " is " +
-                                    std::to_string(mass[i]) + ", outside [0, total=" +
-                                    std::to_string(total_) + ")");
+                                    exact(mass[i]) + ", outside [0, total=" + exact(total_) +
+                                    ")");
     }
     run_batched(n, [&](int64_t i) { return mass[i]; }, out, nullptr, 0.0);
   }
@@ -220,12 +318,15 @@ class KaryTree final : public SumTreeBase {
     }
   }
 
-  static void validate_values(const T* v, int64_t n) {
+  void validate_values(const T* v, int64_t n) const {
     for (int64_t i = 0; i < n; ++i) {
-      if (!(v[i] >= T(0)) || std::isinf(v[i])) {
-        const std::string what = std::isnan(v[i]) ? "nan" : (v[i] > 0 ? "inf" : std::to_string(v[i]));
-        throw std::invalid_argument("priority at position " + std::to_string(i) + " is " + what +
-                                    "; priorities must be finite and >= 0");
+      if (!(v[i] >= T(0) && static_cast<double>(v[i]) <= max_leaf_)) {
+        const std::string what = std::isnan(v[i]) ? "nan" : exact(v[i]);
+        throw std::invalid_argument(
+            "priority at position " + std::to_string(i) + " is " + what +
+            "; priorities must be >= 0 and <= " + exact(max_leaf_) + " (the largest " +
+            (sizeof(T) == 4 ? "float32" : "float64") + " / (2 * capacity " +
+            std::to_string(capacity_) + "), so the tree's sums stay finite)");
       }
     }
   }
@@ -421,6 +522,7 @@ class KaryTree final : public SumTreeBase {
   }
 
   int64_t capacity_;
+  double max_leaf_;
   std::vector<int64_t> level_size_;
   // Per level: node values (level 0 = leaves), positive minima and the prefix
   // sums of each sibling group (both unused at level 0).

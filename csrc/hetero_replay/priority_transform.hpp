@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "format.hpp"
 #include "task_pool.hpp"
 
 namespace hetero_replay {
@@ -20,7 +21,7 @@ double priorities_from_td(const double* td, int64_t n, double alpha, double eps,
                           int threads = 1) {
   for (int64_t i = 0; i < n; ++i) {
     if (!(td[i] >= 0.0) || std::isinf(td[i])) {
-      const std::string what = std::isnan(td[i]) ? "nan" : std::to_string(td[i]);
+      const std::string what = std::isnan(td[i]) ? "nan" : exact(td[i]);
       throw std::invalid_argument("TD error at position " + std::to_string(i) + " is " + what +
                                   "; pass finite magnitudes |TD error| >= 0");
     }

@@ -44,7 +44,9 @@ class TaskPool {
   }
 
   // Calls fn(i) for every i in [0, n), using up to `max_threads` threads (the
-  // caller included). Returns when all calls have finished. fn must not throw.
+  // caller included). Returns when all calls have finished. If calls throw,
+  // the first exception is rethrown here, on the calling thread: one escaping
+  // a worker thread would end the whole process (std::terminate).
   template <typename F>
   void run(int64_t n, int max_threads, F&& fn) {
     const int helpers = static_cast<int>(std::min<int64_t>(max_threads, n)) - 1;
@@ -70,12 +72,18 @@ class TaskPool {
     const Job job = current_job();
     int64_t mine = 0;
     for (int64_t i; (i = claim(job)) >= 0;) {
-      fn(i);
+      call_guarded(job, i);
       ++mine;
     }
     // Wait for the items that workers claimed; they are running now.
     const int64_t target = n - mine;
     while (done_.load(std::memory_order_acquire) < target) std::this_thread::yield();
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      error.swap(error_);
+    }
+    if (error) std::rethrow_exception(error);
   }
 
  private:
@@ -104,6 +112,7 @@ class TaskPool {
     TaskPool& p = instance();
     new (&p.submit_mutex_) std::mutex();
     new (&p.job_mutex_) std::mutex();
+    new (&p.error_mutex_) std::mutex();
     new (&p.wake_) std::condition_variable();
     new std::vector<std::thread>(std::move(p.workers_));  // leaked on purpose: never joined
     p.workers_.clear();
@@ -123,6 +132,16 @@ class TaskPool {
   // the next job.
   static uint64_t pack(uint32_t generation, uint32_t item) {
     return (static_cast<uint64_t>(generation) << 32) | item;
+  }
+
+  // Runs one item; keeps the job's first exception for the caller to rethrow.
+  void call_guarded(const Job& job, int64_t i) noexcept {
+    try {
+      job.call(job.ctx, i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
   }
 
   int64_t claim(const Job& job) {
@@ -166,7 +185,7 @@ class TaskPool {
         job = job_;
       }
       for (int64_t i; (i = claim(job)) >= 0;) {
-        job.call(job.ctx, i);
+        call_guarded(job, i);
         done_.fetch_add(1, std::memory_order_acq_rel);
       }
     }
@@ -189,6 +208,8 @@ class TaskPool {
   std::atomic<uint32_t> published_{0};
   std::mutex submit_mutex_;  // one job at a time
   std::mutex job_mutex_;
+  std::mutex error_mutex_;
+  std::exception_ptr error_;  // the running job's first exception
   std::condition_variable wake_;
   std::vector<std::thread> workers_;
   Job job_;

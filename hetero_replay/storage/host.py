@@ -44,7 +44,6 @@ class HostStorage:
         self._names = list(self.arrays)
         self._name_set = set(self._names)
         self._fields = list(self.schema.items())
-        self._castable: set[tuple[str, np.dtype]] = set()  # (field, source dtype) pairs seen valid
         self._rows = RowAccess(list(self.arrays.values()))
 
     def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
@@ -52,7 +51,9 @@ class HostStorage:
 
         Every field must be present, shaped ``(rows, *field.shape)`` with the same
         ``rows`` throughout, and of a dtype that casts to the field's within the
-        same kind (float64 -> float32 is fine, float -> int is not).
+        same kind (float64 -> float32 is fine, float -> int is not) without
+        changing a value (see :meth:`Field.cast`). The arrays come back in the
+        fields' dtypes.
         """
         if not isinstance(batch, Mapping):
             raise TypeError(f"a batch is a mapping of field name -> array, got {type(batch).__name__}")
@@ -69,13 +70,7 @@ class HostStorage:
             arr = np.asarray(batch[name])
             if arr.shape[1:] != field.shape or arr.ndim != len(field.shape) + 1:
                 raise ValueError(f"field {name!r}: expected shape {_fmt(('n', *field.shape))}, got {arr.shape}")
-            if (name, arr.dtype) not in self._castable:
-                if not np.can_cast(arr.dtype, field.dtype, casting="same_kind"):
-                    raise ValueError(
-                        f"field {name!r}: dtype {arr.dtype} does not cast to {field.dtype} "
-                        f"(expected shape {_fmt(('n', *field.shape))}, dtype {field.dtype})"
-                    )
-                self._castable.add((name, arr.dtype))
+            arr = field.cast(name, arr)
             if rows is None:
                 rows = arr.shape[0]
             elif arr.shape[0] != rows:

@@ -8,22 +8,86 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 
+#: dtype kinds a field may have: bool, signed and unsigned integers, floats, complex.
+#: Storage copies rows as raw bytes, so objects (pointers without references),
+#: strings, void and structured records are refused.
+PLAIN_KINDS = "biufc"
+
+
 @dataclass(frozen=True)
 class Field:
-    """One field of a transition: its per-item ``shape`` and ``dtype``."""
+    """One field of a transition: its per-item ``shape`` and ``dtype``.
+
+    ``shape`` is a tuple of non-negative integers; ``dtype`` a plain numeric or
+    bool NumPy dtype (see :data:`PLAIN_KINDS`).
+    """
 
     shape: tuple[int, ...]
     dtype: np.dtype
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
-        if any(s < 0 for s in self.shape):
-            raise ValueError(f"field shape must be non-negative, got {self.shape}")
+        shape = (self.shape,) if isinstance(self.shape, (int, np.integer)) else self.shape
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            raise TypeError(f"field shape must be a tuple of integers, got {self.shape!r}") from None
+        if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in dims):
+            raise TypeError(f"field shape must be a tuple of integers, got {self.shape!r}")
+        if any(s < 0 for s in dims):
+            raise ValueError(f"field shape must be non-negative, got {self.shape!r}")
+        if self.dtype is None:  # np.dtype(None) would silently mean float64
+            raise TypeError("field dtype must be a numeric or bool dtype, got None")
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError as e:
+            raise TypeError(f"field dtype {self.dtype!r} is not a NumPy dtype") from e
+        if dtype.kind not in PLAIN_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+            raise TypeError(
+                f"field dtype must be a plain numeric or bool dtype (bool, int, uint, float, complex), got {dtype}"
+            )
+        object.__setattr__(self, "shape", tuple(int(s) for s in dims))
+        object.__setattr__(self, "dtype", dtype)
 
     @property
     def item_bytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def cast(self, name: str, arr: np.ndarray) -> np.ndarray:
+        """``arr`` as this field's dtype, refusing any value the cast would change.
+
+        Casts within a kind only (float64 -> float32 is fine, float -> int is
+        not); an integer outside the field's range (it would wrap) or a finite
+        float that overflows to inf raises ``ValueError`` naming the field, the
+        row and the value.
+        """
+        src, dst = arr.dtype, self.dtype
+        if src == dst:
+            return arr
+        if not np.can_cast(src, dst, casting="same_kind"):
+            raise ValueError(f"field {name!r}: dtype {src} does not cast to {dst} (expected dtype {dst})")
+        if np.can_cast(src, dst, casting="safe") or arr.size == 0:
+            return arr.astype(dst)
+        if dst.kind in "iu":
+            info = np.iinfo(dst)
+            low, high = arr.min(), arr.max()
+            if low < info.min or high > info.max:
+                bad = low if low < info.min else high
+                row = int(np.argwhere(arr == bad)[0][0])
+                raise ValueError(
+                    f"field {name!r}: value {bad} in row {row} does not fit {dst} [{info.min}, {info.max}]"
+                )
+            return arr.astype(dst)
+        with np.errstate(over="ignore"):
+            out = arr.astype(dst)
+        if dst.kind in "fc" and not np.isfinite(out).all():
+            overflow = ~np.isfinite(out) & np.isfinite(arr)
+            if overflow.any():
+                where = np.argwhere(overflow)[0]
+                raise ValueError(
+                    f"field {name!r}: value {arr[tuple(where)]} in row {int(where[0])} overflows {dst} "
+                    f"(largest {np.finfo(dst).max})"
+                )
+        return out
 
 
 class Schema(Mapping[str, Field]):

@@ -80,7 +80,8 @@ class TorchStorage:
 
         The rules of :meth:`HostStorage.validate`: every field present, shaped
         ``(rows, *field.shape)`` with one ``rows`` throughout, of a dtype that
-        casts to the field's within its kind. Fields may be tensors on any
+        casts to the field's within its kind without changing a value (see
+        :meth:`~hetero_replay.storage.Field.cast`). Fields may be tensors on any
         device or anything ``np.asarray`` takes.
         """
         if not isinstance(batch, Mapping):
@@ -101,12 +102,10 @@ class TorchStorage:
             shape, expected = tuple(arr.shape), ("n", *field.shape)
             if len(shape) != len(expected) or shape[1:] != field.shape:
                 raise ValueError(f"field {name!r}: expected shape {_fmt(expected)}, got {shape}")
-            src = numpy_dtype(arr.dtype) if isinstance(arr, torch.Tensor) else arr.dtype
-            if not np.can_cast(src, field.dtype, casting="same_kind"):
-                raise ValueError(
-                    f"field {name!r}: dtype {src} does not cast to {field.dtype} "
-                    f"(expected shape {_fmt(expected)}, dtype {field.dtype})"
-                )
+            if isinstance(arr, torch.Tensor):
+                _check_tensor_cast(name, arr, field.dtype)
+            else:
+                arr = field.cast(name, arr)
             if rows is None:
                 rows = shape[0]
             elif shape[0] != rows:
@@ -158,6 +157,31 @@ class TorchStorage:
     def __repr__(self) -> str:
         where = "pinned host" if self.pin_memory else str(self.device)
         return f"TorchStorage(capacity={self.capacity}, {where}, schema={self.schema!r})"
+
+
+def _check_tensor_cast(name: str, t: torch.Tensor, dst: np.dtype) -> None:
+    """:meth:`Field.cast`'s rule for a tensor: within its kind, no value changed.
+
+    Reads back to the host only when the cast narrows (e.g. int64 -> int32).
+    """
+    src = numpy_dtype(t.dtype)
+    if src == dst:
+        return
+    if not np.can_cast(src, dst, casting="same_kind"):
+        raise ValueError(f"field {name!r}: dtype {src} does not cast to {dst} (expected dtype {dst})")
+    if np.can_cast(src, dst, casting="safe") or t.numel() == 0:
+        return
+    if dst.kind in "iu":
+        info = np.iinfo(dst)
+        low, high = int(t.min()), int(t.max())
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise ValueError(f"field {name!r}: value {bad} does not fit {dst} [{info.min}, {info.max}]")
+    elif dst.kind == "f":
+        overflow = torch.isfinite(t) & ~torch.isfinite(t.to(torch_dtype(dst)))
+        if bool(overflow.any()):
+            bad = t[overflow][0].item()
+            raise ValueError(f"field {name!r}: value {bad!r} overflows {dst} (largest {np.finfo(dst).max})")
 
 
 def _fmt(shape: tuple[Any, ...]) -> str:

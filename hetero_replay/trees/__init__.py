@@ -17,7 +17,7 @@ import functools
 import importlib.util
 from typing import Any, Callable
 
-from hetero_replay.trees.base import FANOUTS, SumTree
+from hetero_replay.trees.base import FANOUTS, SumTree, check_tree_args
 
 _BACKENDS: dict[str, Callable[..., SumTree]] = {}
 
@@ -98,6 +98,7 @@ def make_tree(
             (and the current CUDA device for ``"cupy"``); the CPU backends
             accept only ``None`` or ``"cpu"``.
     """
+    capacity, fanout, dtype = check_tree_args(capacity, fanout, dtype)
     if backend == "auto":
         on_host = device is None or str(device) == "cpu"
         order = _AUTO_ORDER if on_host else _AUTO_ORDER_CUDA if str(device).startswith("cuda") else _AUTO_ORDER_OTHER

@@ -16,6 +16,51 @@ import numpy as np
 #: Fanouts every backend supports; 16 float32 values fill one 64-byte cache line.
 FANOUTS = (2, 4, 8, 16, 32, 64)
 
+#: Largest capacity of any tree (and buffer): 2**40 leaves, far past any replay
+#: buffer, and far from the integer overflows of level-size arithmetic.
+MAX_CAPACITY = 2**40
+
+
+def max_leaf(dtype: Any, capacity: int) -> float:
+    """Largest leaf a tree of ``capacity`` leaves accepts.
+
+    ``capacity`` such leaves sum to at most half the dtype's largest finite
+    value, so no node sum, nor the total, can overflow to inf (rounding
+    included). Every backend refuses larger priorities; the C++ tree computes
+    the same bound.
+    """
+    return float(np.finfo(np.dtype(dtype)).max) / 2.0 / float(capacity)
+
+
+def describe_max_leaf(dtype: Any, capacity: int) -> str:
+    """The bound as error messages state it: its value and where it comes from."""
+    dt = np.dtype(dtype)
+    return (
+        f"{max_leaf(dt, capacity)!r} (the largest {dt.name} / (2 * capacity {capacity}), "
+        "so the tree's sums stay finite)"
+    )
+
+
+def check_tree_args(capacity: Any, fanout: Any, dtype: Any) -> tuple[int, int, np.dtype]:
+    """Validated ``(capacity, fanout, dtype)`` of a tree; ``TypeError``/``ValueError`` naming the argument."""
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+        raise TypeError(f"capacity must be an integer, got {type(capacity).__name__} {capacity!r}")
+    if not 1 <= capacity <= MAX_CAPACITY:
+        raise ValueError(f"capacity must be in [1, 2**40], got {capacity}")
+    if isinstance(fanout, bool) or not isinstance(fanout, (int, np.integer)):
+        raise TypeError(f"fanout must be an integer, one of {FANOUTS}; got {type(fanout).__name__} {fanout!r}")
+    if fanout not in FANOUTS:
+        raise ValueError(f"fanout must be one of {FANOUTS}; got {fanout}")
+    if dtype is None:  # np.dtype(None) would silently mean float64
+        raise TypeError("priority dtype must be 'float32' or 'float64', got None")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"priority dtype must be 'float32' or 'float64', got {dtype!r}") from e
+    if dt not in (np.float32, np.float64):
+        raise ValueError(f"priority dtype must be float32 or float64, got {dt}")
+    return int(capacity), int(fanout), dt
+
 
 @runtime_checkable
 class SumTree(Protocol):
@@ -30,11 +75,17 @@ class SumTree(Protocol):
     @property
     def dtype(self) -> np.dtype: ...
 
+    @property
+    def max_leaf(self) -> float:
+        """Largest leaf accepted (see :func:`max_leaf`)."""
+        ...
+
     def update(self, indices: Any, priorities: Any) -> None:
         """Set ``leaf[indices] = priorities``; for repeated indices the last write wins.
 
         Raises ``IndexError`` for an index outside ``[0, capacity)``, ``ValueError``
-        for a NaN, infinite or negative priority; in both cases nothing is written.
+        for a NaN or negative priority or one above :attr:`max_leaf`; in both
+        cases nothing is written.
         """
 
     def update_td(
@@ -45,8 +96,9 @@ class SumTree(Protocol):
         ``td_errors`` are magnitudes ``|TD error|``. Returns ``max(td + eps)`` (the
         raw priority new transitions inherit). Indices must lie in
         ``[0, limit)`` (default ``capacity``). A NaN, infinite or negative TD
-        error raises ``ValueError`` naming its position, a bad index
-        ``IndexError``; nothing is written on error.
+        error, or one whose priority exceeds :attr:`max_leaf`, raises
+        ``ValueError`` naming its position, a bad index ``IndexError``; nothing
+        is written on error.
         """
 
     def get(self, indices: Any) -> np.ndarray:
@@ -90,14 +142,8 @@ class TreeBase:
     """
 
     def __init__(self, capacity: int, fanout: int, dtype: Any) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if fanout not in FANOUTS:
-            raise ValueError(f"fanout must be one of {FANOUTS}; got {fanout}")
-        self._dtype = np.dtype(dtype)
-        if self._dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {self._dtype}")
-        self._capacity, self._k = int(capacity), int(fanout)
+        self._capacity, self._k, self._dtype = check_tree_args(capacity, fanout, dtype)
+        self._max_leaf = max_leaf(self._dtype, self._capacity)
         k = self._k
 
         def round_up(n: int) -> int:
@@ -121,6 +167,10 @@ class TreeBase:
     @property
     def dtype(self) -> np.dtype:
         return self._dtype
+
+    @property
+    def max_leaf(self) -> float:
+        return self._max_leaf
 
     @property
     def num_levels(self) -> int:

@@ -41,7 +41,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from hetero_replay.trees.base import TreeBase
+from hetero_replay.trees.base import TreeBase, describe_max_leaf
 from hetero_replay.trees.numpy_tree import as_indices, as_priorities, priorities_from_td
 
 #: Kernel source files, each loaded as one CuPy RawModule.
@@ -254,7 +254,7 @@ class CupySumTree(TreeBase):
                 self._run_update(idx, val.astype(self._dtype), None, self._capacity, 0.0, 0.0)
             return
         idx = as_indices(_host(indices), self._capacity)
-        val = as_priorities(_host(priorities), self._dtype, len(idx))
+        val = as_priorities(_host(priorities), self._dtype, self._capacity, len(idx))
         if idx.size:
             self._run_update(self._upload(idx), self._upload(val), None, self._capacity, 0.0, 0.0)
 
@@ -273,13 +273,13 @@ class CupySumTree(TreeBase):
         # Host input: validated and transformed on the host exactly as the
         # reference does it (same errors, same bits), then uploaded.
         idx = as_indices(_host(indices), bound)
-        priorities, max_raw = priorities_from_td(_host(td_errors), len(idx), alpha, eps, self._dtype)
+        priorities, max_raw = priorities_from_td(_host(td_errors), len(idx), alpha, eps, self._dtype, self._capacity)
         if idx.size:
             self._run_update(self._upload(idx), self._upload(priorities), None, bound, 0.0, 0.0)
         return max_raw
 
     def load_leaves(self, leaves: Any) -> None:
-        val = as_priorities(_host(leaves), self._dtype)
+        val = as_priorities(_host(leaves), self._dtype, self._capacity)
         if val.size != self._capacity:
             raise ValueError(f"expected {self._capacity} leaves, got {val.size}")
         self._values[0][: self._capacity] = self._upload(val)
@@ -408,10 +408,10 @@ class CupySumTree(TreeBase):
         self._status.fill(0)
         keys = xp.empty(n, np.int64)
         if td is None:
-            run("check_priorities", n, (n, idx, values, limit, keys, self._status))
+            run("check_priorities", n, (n, idx, values, limit, self._max_leaf, keys, self._status))
         else:
             values = xp.empty(n, self._dtype)
-            run("check_td", n, (n, idx, td, limit, alpha, eps, keys, values, self._status))
+            run("check_td", n, (n, idx, td, limit, alpha, eps, self._max_leaf, keys, values, self._status))
         keys = xp.sort(keys)
         run("write_leaves", n, (n, keys, values, self._values[0], self._status))
         span = 1
@@ -428,14 +428,19 @@ class CupySumTree(TreeBase):
             raise IndexError(f"index at position {i} is {int(idx[i])}, outside [0, {limit})")
         if status[1]:
             i = n - int(status[1])
+            bound = describe_max_leaf(self._dtype, self._capacity)
             if td is None:
                 raise ValueError(
                     f"priority at position {i} is {self._dtype.type(float(values[i]))}; "
-                    "priorities must be finite and >= 0"
+                    f"priorities must be >= 0 and <= {bound}"
                 )
-            raise ValueError(
-                f"TD error at position {i} is {np.float64(float(td[i]))}; pass finite magnitudes |TD error| >= 0"
-            )
+            shown = float(td[i])
+            if np.isfinite(shown) and shown >= 0:
+                raise ValueError(
+                    f"TD error at position {i} is {shown!r}: its priority (td + eps) ** alpha = "
+                    f"{self._dtype.type(float(values[i]))} exceeds the largest priority this tree can sum, {bound}"
+                )
+            raise ValueError(f"TD error at position {i} is {shown!r}; pass finite magnitudes |TD error| >= 0")
         self._set_mirrors(status)
         return float(status[2:3].view(np.float64)[0])
 

@@ -12,6 +12,11 @@ Numerical contract (see ``csrc/hetero_replay/descent.hpp``):
   parents are recomputed from their children, never adjusted by deltas;
 * a descent takes the first child whose prefix sum exceeds the remaining mass;
   past a group's end (rounding) it takes the last child whose prefix sum grows.
+
+The two powers of PER, ``(|td| + eps) ** alpha`` and the IS weights
+``(min / p) ** beta``, come from the C++ routines every CPU backend shares
+(``_native.td_priorities`` / ``_native.is_weights``): NumPy's own ``power``
+picks SIMD code by CPU model and can differ from the C library's by one ulp.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from hetero_replay.trees.base import TreeBase
+from hetero_replay import _native
+from hetero_replay.trees.base import TreeBase, describe_max_leaf, max_leaf
 
 
 def _as_1d(values: Any, what: str) -> np.ndarray:
@@ -43,8 +49,13 @@ def as_indices(indices: Any, capacity: int) -> np.ndarray:
     return arr
 
 
-def as_priorities(values: Any, dtype: np.dtype, n: int | None = None) -> np.ndarray:
-    """Priorities as ``dtype``, or ``ValueError`` naming the first NaN/inf/negative one."""
+def as_priorities(values: Any, dtype: np.dtype, capacity: int, n: int | None = None) -> np.ndarray:
+    """Priorities as ``dtype``, or ``ValueError`` naming the first bad one.
+
+    A priority must be ``>= 0`` and at most
+    :func:`~hetero_replay.trees.base.max_leaf` of a tree of ``capacity``
+    leaves: NaN, inf and values whose sums would overflow the tree are refused.
+    """
     arr = _as_1d(values, "priorities")
     if arr.size and arr.dtype.kind not in "fiu":
         raise TypeError(f"priorities must be real numbers, got dtype {arr.dtype}")
@@ -52,31 +63,39 @@ def as_priorities(values: Any, dtype: np.dtype, n: int | None = None) -> np.ndar
         raise ValueError(f"got {n} indices but {arr.size} priorities")
     with np.errstate(over="ignore"):
         arr = arr.astype(dtype, copy=False)
-    bad = np.flatnonzero(~(np.isfinite(arr) & (arr >= 0)))
+    bad = np.flatnonzero(~((arr >= 0) & (arr <= max_leaf(dtype, capacity))))
     if bad.size:
         i = int(bad[0])
         raise ValueError(
-            f"priority at position {i} is {arr[i]}; priorities must be finite and >= 0"
+            f"priority at position {i} is {arr[i]}; priorities must be >= 0 and "
+            f"<= {describe_max_leaf(dtype, capacity)}"
         )
     return arr
 
 
-def priorities_from_td(td_errors: Any, n: int, alpha: float, eps: float, dtype: np.dtype) -> tuple[np.ndarray, float]:
-    """``(td + eps) ** alpha`` as ``dtype`` and ``max(td + eps)``; ``ValueError`` on a bad entry."""
+def priorities_from_td(
+    td_errors: Any, n: int, alpha: float, eps: float, dtype: np.dtype, capacity: int
+) -> tuple[np.ndarray, float]:
+    """``(td + eps) ** alpha`` as ``dtype`` and ``max(td + eps)``; ``ValueError`` on a bad entry.
+
+    A TD error must be a finite magnitude ``>= 0`` whose priority a tree of
+    ``capacity`` leaves accepts (see :func:`~hetero_replay.trees.base.max_leaf`).
+    """
     td = _as_1d(td_errors, "td_errors")
     if td.size and td.dtype.kind not in "fiu":
         raise TypeError(f"td_errors must be real numbers, got dtype {td.dtype}")
     if td.size != n:
         raise ValueError(f"got {n} indices but {td.size} TD errors")
-    td = td.astype(np.float64)
-    bad = np.flatnonzero(~(np.isfinite(td) & (td >= 0)))
+    priorities, max_raw = _native.td_priorities(td, alpha, eps, dtype)
+    bad = np.flatnonzero(~(priorities <= max_leaf(dtype, capacity)))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"TD error at position {i} is {td[i]}; pass finite magnitudes |TD error| >= 0")
-    raw = td + eps
-    if dtype == np.float32:  # as the C++ backend: the power in float32
-        return np.power(raw.astype(np.float32), np.float32(alpha)), float(raw.max(initial=0.0))
-    return np.power(raw, alpha), float(raw.max(initial=0.0))
+        raise ValueError(
+            f"TD error at position {i} is {float(td[i])!r}: its priority (td + eps) ** alpha = "
+            f"{priorities[i]} exceeds the largest priority this tree can sum, "
+            f"{describe_max_leaf(dtype, capacity)}"
+        )
+    return priorities, max_raw
 
 
 def choose_children(prefix: np.ndarray, mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +127,7 @@ class NumpySumTree(TreeBase):
 
     def update(self, indices: Any, priorities: Any) -> None:
         idx = as_indices(indices, self._capacity)
-        val = as_priorities(priorities, self._dtype, len(idx))
+        val = as_priorities(priorities, self._dtype, self._capacity, len(idx))
         if idx.size == 0:
             return
         # Last write wins: keep each index's last position in the batch.
@@ -125,12 +144,12 @@ class NumpySumTree(TreeBase):
     ) -> float:
         bound = self._capacity if limit is None else min(limit, self._capacity)
         idx = as_indices(indices, bound)
-        priorities, max_raw = priorities_from_td(td_errors, len(idx), alpha, eps, self._dtype)
+        priorities, max_raw = priorities_from_td(td_errors, len(idx), alpha, eps, self._dtype, self._capacity)
         self.update(idx, priorities)
         return max_raw
 
     def load_leaves(self, leaves: Any) -> None:
-        val = as_priorities(leaves, self._dtype)
+        val = as_priorities(leaves, self._dtype, self._capacity)
         if val.size != self._capacity:
             raise ValueError(f"expected {self._capacity} leaves, got {val.size}")
         self._values[0][: self._capacity] = val
@@ -165,14 +184,7 @@ class NumpySumTree(TreeBase):
         else:
             mass = u * self._total
         idx = self._descend(mass)
-        ratio = (self._min / self._values[0][idx].astype(np.float64)).astype(np.float32)
-        if beta == 0.0:
-            weights = np.ones(batch_size, np.float32)
-        elif beta == 1.0:
-            weights = ratio
-        else:
-            weights = np.power(ratio, np.float32(beta))
-        return idx, weights
+        return idx, _native.is_weights(self._values[0][idx], self._min, beta)
 
     # -- internals -----------------------------------------------------------------
 

@@ -26,7 +26,10 @@ How the work is laid out on a device:
 Inputs may be NumPy arrays (validated on the host, exactly like the reference,
 then copied to the device) or torch tensors on any device (validated on the
 tree's device; the write is masked on the device, so bad input still changes
-nothing). The :class:`~hetero_replay.trees.base.SumTree` protocol methods
+nothing). The two powers of PER (priorities from tensor TD errors, IS
+weights) are torch's ``pow`` on the tree's device, which may differ from the
+CPU backends' shared routine by one ulp; NumPy input takes the CPU backends'
+routine. The :class:`~hetero_replay.trees.base.SumTree` protocol methods
 return NumPy arrays; :meth:`TorchSumTree.sample_tensors` returns tensors on the
 tree's device for a learner that lives there.
 
@@ -47,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hetero_replay.trees.base import TreeBase
+from hetero_replay.trees.base import TreeBase, describe_max_leaf
 from hetero_replay.trees.numpy_tree import (
     as_indices,
     as_priorities,
@@ -148,7 +151,7 @@ class TorchSumTree(TreeBase):
             self._apply_checked(idx, val, self._capacity, val, None, "priority")
             return
         idx_np = as_indices(indices, self._capacity)
-        val_np = as_priorities(priorities, self._dtype, len(idx_np))
+        val_np = as_priorities(priorities, self._dtype, self._capacity, len(idx_np))
         if idx_np.size:
             self._apply(self._to_device(idx_np), self._to_device(val_np))
 
@@ -169,7 +172,7 @@ class TorchSumTree(TreeBase):
                 priorities = torch.pow(raw, alpha)
             return self._apply_checked(idx, priorities, bound, td, raw.amax(), "TD error")
         idx_np = as_indices(indices, bound)
-        pri_np, max_raw = priorities_from_td(td_errors, len(idx_np), alpha, eps, self._dtype)
+        pri_np, max_raw = priorities_from_td(td_errors, len(idx_np), alpha, eps, self._dtype, self._capacity)
         if idx_np.size:
             self._apply(self._to_device(idx_np), self._to_device(pri_np))
         return max_raw
@@ -177,7 +180,7 @@ class TorchSumTree(TreeBase):
     def load_leaves(self, leaves: Any) -> None:
         if isinstance(leaves, torch.Tensor):
             leaves = leaves.detach().cpu().numpy()
-        val = as_priorities(leaves, self._dtype)
+        val = as_priorities(leaves, self._dtype, self._capacity)
         if val.size != self._capacity:
             raise ValueError(f"expected {self._capacity} leaves, got {val.size}")
         self._values[0][: self._capacity] = self._to_device(val)
@@ -304,12 +307,13 @@ class TorchSumTree(TreeBase):
         """Validates and applies tensor input with one device-to-host read.
 
         ``checked`` holds the values that must be finite and >= 0 (the
-        priorities, or the TD errors they came from). The leaf write is masked
+        priorities, or the TD errors they came from); ``priorities`` must also
+        be at most :attr:`max_leaf`. The leaf write is masked
         on the device when anything is bad, so the read that reveals an error
         follows a no-op update: nothing has changed. Returns ``max_raw``.
         """
         bad_idx = (idx < 0) | (idx >= bound)
-        bad_val = ~(torch.isfinite(checked) & (checked >= 0))
+        bad_val = ~(torch.isfinite(checked) & (checked >= 0) & (priorities <= self._max_leaf))
         any_bad_idx, any_bad_val = bad_idx.any(), bad_val.any()
         extra = [any_bad_idx.double(), any_bad_val.double()]
         if max_raw is not None:
@@ -320,11 +324,18 @@ class TorchSumTree(TreeBase):
             raise IndexError(f"index at position {i} is {int(idx[i])}, outside [0, {bound})")
         if read[1]:
             i = int(torch.nonzero(bad_val)[0])
+            bound_text = describe_max_leaf(self._dtype, self._capacity)
             if what == "priority":
                 shown = self._dtype.type(checked[i].item())
-                raise ValueError(f"priority at position {i} is {shown}; priorities must be finite and >= 0")
-            shown = np.float64(checked[i].item())
-            raise ValueError(f"TD error at position {i} is {shown}; pass finite magnitudes |TD error| >= 0")
+                raise ValueError(f"priority at position {i} is {shown}; priorities must be >= 0 and <= {bound_text}")
+            shown = float(checked[i].item())
+            if np.isfinite(shown) and shown >= 0:
+                raise ValueError(
+                    f"TD error at position {i} is {shown!r}: its priority (td + eps) ** alpha = "
+                    f"{self._dtype.type(priorities[i].item())} exceeds the largest priority this tree can sum, "
+                    f"{bound_text}"
+                )
+            raise ValueError(f"TD error at position {i} is {shown!r}; pass finite magnitudes |TD error| >= 0")
         return read[2] if max_raw is not None else 0.0
 
     def _apply(
