@@ -145,7 +145,7 @@ class PrioritizedReplay:
             "storage": str(storage),
             "device": None if device is None else str(device),
         }
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(_check_seed(seed))
         self._pos = 0
         self._size = 0
         self._max_priority = 1.0  # raw (|td| + eps); new items get its alpha power
@@ -460,7 +460,8 @@ def _after_fork_in_child() -> None:
     _FORK_HELD.clear()
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 # -- argument checks ---------------------------------------------------------------------
@@ -473,6 +474,16 @@ def _real(name: str, value: Any) -> float:
     if not np.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return float(value)
+
+
+def _check_seed(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"seed must be a non-negative integer or None, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"seed must be a non-negative integer or None, got {value}")
+    return int(value)
 
 
 def _check_beta(value: Any) -> float:

@@ -256,6 +256,24 @@ def test_refuses_a_buffer_without_priorities(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("env_id", "n_envs", "match"),
+    [
+        ("Acrobot-v1", 1, r"the loaded buffer's observation_space is Box.*\(4,\).*but PERDQN's is Box.*\(6,\)"),
+        ("CartPole-v1", 2, r"the loaded buffer's n_envs is 1, but PERDQN's is 2"),
+    ],
+)
+def test_refuses_a_buffer_of_another_environment_and_keeps_its_own(tmp_path, env_id, n_envs, match: str) -> None:
+    saved = PERDQN("MlpPolicy", "CartPole-v1", learning_starts=50, **small())
+    saved.learn(60)
+    saved.save_replay_buffer(tmp_path / "cartpole")
+    model = PERDQN("MlpPolicy", make_vec_env(env_id, n_envs=n_envs), **small())
+    ours = model.replay_buffer
+    with pytest.raises(ValueError, match=match):
+        model.load_replay_buffer(tmp_path / "cartpole")
+    assert model.replay_buffer is ours
+
+
+@pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
         (dict(replay_buffer_kwargs=dict(alpha=-1.0)), ValueError, "alpha must be"),

@@ -160,9 +160,8 @@ def test_optimize_memory_usage_reads_next_obs_from_the_next_row() -> None:
     row_obs = lambda row, env: obs_of(row * 10 + env)  # noqa: E731
     for row in range(6):  # wraps: rows 4, 5 overwrite rows 0, 1
         envs = np.arange(2)
-        buf.add(
-            row_obs(row, envs), row_obs(row + 1, envs), np.zeros(2), np.full(2, row, np.float32), np.zeros(2), [{}, {}]
-        )
+        action, reward = np.zeros(2, np.int64), np.full(2, row, np.float32)
+        buf.add(row_obs(row, envs), row_obs(row + 1, envs), action, reward, np.zeros(2), [{}, {}])
     assert buf.full and buf.pos == 2
     s = buf.sample(256)
     added_as = s.rewards.numpy()[:, 0].astype(int)  # the row number the transition was added as
@@ -277,6 +276,8 @@ def test_dict_buffer_rejects_what_it_cannot_store() -> None:
     with pytest.raises(ValueError, match="Dict observation space"):
         DictPrioritizedReplayBuffer(8, OBS, ACT)
     dict_space = spaces.Dict({"x": OBS})
+    with pytest.raises(ValueError, match="stores array observations.*use DictPrioritizedReplayBuffer"):
+        PrioritizedReplayBuffer(8, dict_space, ACT)
     with pytest.raises(ValueError, match="optimize_memory_usage"):
         DictPrioritizedReplayBuffer(8, dict_space, ACT, optimize_memory_usage=True, handle_timeout_termination=False)
 

@@ -13,11 +13,20 @@ engine hands out torch tensors already on the learner's device (storage on a
 device, or a GPU learner), :meth:`~PrioritizedReplayBuffer.sample` passes them
 on untouched and :meth:`~PrioritizedReplayBuffer.update_priorities` hands the
 TD-error tensor to the tree where it lives.
+
+Thread safety: each buffer has its own ``threading.RLock`` that every public
+operation holds (see :class:`PrioritizedReplayBuffer`); a fork waits for the
+operations under way, so the child gets consistent buffers with free locks.
 """
 
 from __future__ import annotations
 
+import numbers
+import os
+import threading
 import warnings
+import weakref
+from collections.abc import Mapping as AnyMapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,8 +37,8 @@ from stable_baselines3.common.utils import get_device
 from stable_baselines3.common.vec_env import VecNormalize
 
 from hetero_replay import Field, PrioritizedReplay, Schema
-from hetero_replay.replay import DEFAULT_EPS
 from hetero_replay.mapping import Mapping, one_policy_mapping
+from hetero_replay.replay import DEFAULT_EPS
 from hetero_replay.torch_replay import TorchBatchReplay, same_device
 
 #: A buffer sampled this many times in a row without ``update_priorities`` warns once.
@@ -80,12 +89,25 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     row ``row`` has the flat index ``row * n_envs + env``, and sampling picks
     the (row, env) pair itself, by priority.
 
+    Thread safety: every public operation (:meth:`add`, :meth:`sample`,
+    :meth:`update_priorities`, :meth:`reset`, :meth:`size`, the properties and
+    array views, pickling for ``save_replay_buffer``) holds the buffer's own
+    ``threading.RLock``, so any of them may be called from several threads at
+    once: each ``add`` lands whole (no row lost or torn), a sample never
+    contains a transition that is half written or never written, and a
+    pickled buffer is one consistent snapshot. What is *not* covered: reading
+    or writing through the array views (``observations``, ``dones``, ...) or
+    through :attr:`replay` after they are returned, and ``pos``/``full``
+    written by hand. A ``fork`` waits for the operations under way, so the
+    child's buffers are consistent and their locks free.
+
     Args:
-        buffer_size: transitions kept (rounded down to a multiple of ``n_envs``).
+        buffer_size: transitions kept (rounded down to a multiple of ``n_envs``,
+            at least one row), a positive integer.
         observation_space: the environment's observation space.
         action_space: the environment's action space.
         device: torch device of the sampled tensors (``"auto"``: cuda if available).
-        n_envs: parallel environments writing each row.
+        n_envs: parallel environments writing each row, a positive integer.
         optimize_memory_usage: store each observation once (the next observation
             of row ``r`` is the observation of row ``r + 1``). The row whose next
             observation is not written yet has priority 0, so it is never sampled.
@@ -119,17 +141,22 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     ``VecNormalize`` then takes the batch through the host (it works in NumPy).
 
     Raises:
-        ValueError: for ``alpha < 0``, ``beta`` outside ``[0, 1]``, ``eps < 0``,
-            an unknown ``tree``, a bad ``fanout``, ``optimize_memory_usage``
-            together with ``handle_timeout_termination``, a ``mapping`` whose
-            inference and train devices differ (SB3 acts and trains with one
-            policy), or a ``tree`` or ``device`` that contradicts the mapping.
-        TypeError: ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`.
+        TypeError: ``buffer_size``, ``n_envs``, ``seed`` or ``fanout`` not an
+            integer; ``alpha``, ``beta`` or ``eps`` not a real number;
+            ``optimize_memory_usage``, ``handle_timeout_termination`` or
+            ``stratified`` not a bool; ``mapping`` not a
+            :class:`~hetero_replay.mapping.Mapping`.
+        ValueError: a ``Dict`` observation space (that is
+            :class:`DictPrioritizedReplayBuffer`'s), ``buffer_size`` or
+            ``n_envs`` below 1, a negative ``seed``,
+            ``alpha < 0``, ``beta`` outside ``[0, 1]``, ``eps < 0``, an unknown
+            ``tree``, a bad ``fanout``, ``optimize_memory_usage`` together with
+            ``handle_timeout_termination``, a ``mapping`` whose inference and
+            train devices differ (SB3 acts and trains with one policy), or a
+            ``tree`` or ``device`` that contradicts the mapping.
         hetero_replay.mapping.DeviceUnavailableError: the mapping names a
             device this machine lacks.
     """
-
-    _staged_next_obs: np.ndarray | None  # with optimize_memory_usage: the newest next observations
 
     def __init__(
         self,
@@ -150,6 +177,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         seed: int | None = None,
         mapping: Mapping | None = None,
     ) -> None:
+        # The core engine checks alpha, beta, eps, tree, fanout, priority_dtype
+        # and stratified; these arguments are the adapter's own (or reach NumPy unnamed).
+        _check_int("buffer_size", buffer_size, minimum=1)
+        _check_int("n_envs", n_envs, minimum=1)
+        for name, flag in [
+            ("optimize_memory_usage", optimize_memory_usage),
+            ("handle_timeout_termination", handle_timeout_termination),
+        ]:
+            if not isinstance(flag, (bool, np.bool_)):  # a string such as "False" would count as True
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
+        if seed is not None:
+            _check_int("seed", seed, minimum=0)
         if mapping is not None:
             mapping = one_policy_mapping(mapping, type(self).__name__)
             device = _mapped_device(device, mapping)
@@ -167,8 +206,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 "pass replay_buffer_kwargs=dict(handle_timeout_termination=False)"
             )
         self.buffer_size = max(buffer_size // n_envs, 1)  # rows, as in SB3
-        self.optimize_memory_usage = optimize_memory_usage
-        self.handle_timeout_termination = handle_timeout_termination
+        self.optimize_memory_usage = bool(optimize_memory_usage)
+        self.handle_timeout_termination = bool(handle_timeout_termination)
         self._config: dict[str, Any] = dict(
             alpha=alpha, beta=beta, eps=eps, tree=tree, fanout=fanout,
             priority_dtype=priority_dtype, stratified=stratified,
@@ -176,25 +215,109 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.mapping = mapping
         if mapping is not None:
             self._config.update(mapping.replay_kwargs())
+        self._action_shapes, self._action_bounds = _action_rules(action_space, self.action_dim, n_envs)
         if seed is None:
             seed = int(np.random.randint(2**31 - 1))
         self._replay = self._make_replay(seed)
         self._stage_new()
         self._samples_since_update = 0
         self._warned_no_update = False
+        self._lock = threading.RLock()
+        _track(self)
 
     # -- what a transition holds ------------------------------------------------
 
     def _observation_fields(self) -> dict[str, Field]:
         """Schema fields of one observation, keyed by name suffix ("" for a plain array)."""
+        if isinstance(self.observation_space, spaces.Dict):
+            raise ValueError(
+                f"PrioritizedReplayBuffer stores array observations, got {self.observation_space}; "
+                "use DictPrioritizedReplayBuffer (or MultiInputPolicy, which picks it)"
+            )
         return {"": Field(self.obs_shape, self.observation_space.dtype)}
 
-    def _observation_batch(self, prefix: str, obs: Any) -> dict[str, np.ndarray]:
-        """One row of observations as schema fields (``prefix`` is "obs" or "next_obs")."""
-        if isinstance(self.observation_space, spaces.Discrete):
-            # as in SB3: numpy cannot broadcast (n_envs,) to (n_envs, 1)
-            obs = np.reshape(obs, (self.n_envs, *self.obs_shape))
-        return {prefix: obs}
+    def _observation_rows(self, prefix: str, obs: Any) -> dict[str, np.ndarray]:
+        """One row of observations (``prefix``: "obs" or "next_obs") as schema fields, shape-checked."""
+        return {prefix: self._env_rows(prefix, obs, self.observation_space, self.obs_shape)}
+
+    def _env_rows(self, name: str, value: Any, space: spaces.Space, shape: tuple[int, ...]) -> np.ndarray:
+        """``value`` as one row of ``n_envs`` observations of ``shape``.
+
+        Raises:
+            ValueError: another shape, naming ``name``. As in SB3, a ``Discrete``
+                space's ``(n_envs,)`` (what a VecEnv returns) is taken as ``(n_envs, 1)``.
+        """
+        arr = np.asarray(value)
+        if isinstance(space, spaces.Discrete) and arr.shape == (self.n_envs,):
+            arr = arr.reshape(self.n_envs, 1)
+        if arr.shape != (self.n_envs, *shape):
+            raise ValueError(
+                f"add: {name} must have shape {(self.n_envs, *shape)} (n_envs={self.n_envs}, then the "
+                f"observation shape), got {arr.shape}"
+            )
+        return arr
+
+    def _action_rows(self, action: Any) -> np.ndarray:
+        """``action`` as a ``(n_envs, action_dim)`` row, checked against the action space.
+
+        Raises:
+            ValueError: a shape other than the ones SB3 stores (see
+                :func:`_action_rules`), or, for ``Discrete``, ``MultiDiscrete``
+                and ``MultiBinary`` spaces, a value that is not an integer of the space.
+        """
+        arr = np.asarray(action)
+        if arr.shape not in self._action_shapes:
+            allowed = " or ".join(str(s) for s in sorted(self._action_shapes, key=len))
+            raise ValueError(
+                f"add: action must have shape {allowed} (n_envs={self.n_envs}, {self.action_space}), got {arr.shape}"
+            )
+        arr = arr.reshape(self.n_envs, self.action_dim)
+        if self._action_bounds is not None:
+            low, high = self._action_bounds
+            if arr.dtype.kind not in "biu":
+                raise ValueError(
+                    f"add: action must hold integers for {self.action_space}, got dtype {arr.dtype}: {arr.tolist()}"
+                )
+            outside = (arr < low) | (arr >= high)
+            if outside.any():
+                env, item = np.argwhere(outside)[0]
+                raise ValueError(
+                    f"add: action {arr[env, item].item()!r} of env {env} is outside {self.action_space} "
+                    f"(integers from {np.broadcast_to(low, arr.shape[1:])[item]} to "
+                    f"{np.broadcast_to(high, arr.shape[1:])[item] - 1})"
+                )
+        return arr
+
+    def _env_values(self, name: str, value: Any) -> np.ndarray:
+        """``value`` as one scalar per environment, shape ``(n_envs,)``; ``ValueError`` naming ``name``."""
+        arr = np.asarray(value)
+        if arr.shape != (self.n_envs,):
+            raise ValueError(f"add: {name} must have shape ({self.n_envs},) (one per env), got {arr.shape}")
+        return arr
+
+    def _timeouts(self, infos: Any) -> np.ndarray:
+        """Each environment's ``TimeLimit.truncated`` flag from ``infos`` (a list of ``n_envs`` dicts).
+
+        Raises:
+            TypeError: ``infos`` is not a list (or tuple) of dicts.
+            ValueError: it holds another number of dicts, or a flag is not one value.
+        """
+        if not isinstance(infos, (list, tuple)):
+            raise TypeError(
+                f"add: infos must be a list of {self.n_envs} dicts (one per env), got {type(infos).__name__}"
+            )
+        if len(infos) != self.n_envs:
+            raise ValueError(f"add: infos must hold {self.n_envs} dicts (one per env), got {len(infos)}")
+        try:
+            truncated = np.asarray([info.get("TimeLimit.truncated", False) for info in infos])
+        except AttributeError:
+            types = [type(info).__name__ for info in infos]
+            raise TypeError(f"add: infos must be dicts, got {types}") from None
+        if truncated.size != self.n_envs:
+            raise ValueError(
+                f"add: infos[i]['TimeLimit.truncated'] must be one bool per env, got {truncated.tolist()}"
+            )
+        return truncated.reshape(self.n_envs)  # SB3's own tests pass one-element arrays as flags
 
     def _observation_tensor(self, prefix: str, data: dict[str, Any], env: VecNormalize | None) -> th.Tensor:
         """Sampled observations from gathered fields, normalised by ``env`` if given."""
@@ -233,6 +356,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     ) -> None:
         """Store one row: a transition from each of the ``n_envs`` environments.
 
+        What SB3's off-policy algorithms pass: ``obs`` and ``next_obs`` of shape
+        ``(n_envs, *obs_shape)`` (``(n_envs,)`` for a ``Discrete`` space; a dict
+        of such arrays for ``Dict`` spaces), ``action`` of shape
+        ``(n_envs, *action_shape)`` or ``(n_envs, action_dim)`` (with one
+        environment also ``action_shape``, as SB3 reshapes it), ``reward`` and
+        ``done`` of shape ``(n_envs,)``, ``infos`` a list of ``n_envs`` dicts.
+        Anything else is refused, never broadcast: values go into the core
+        engine's fields under its casting rules (within a kind, no value
+        changed), and actions of a ``Discrete``, ``MultiDiscrete`` or
+        ``MultiBinary`` space must be integers of the space.
+
         The new transitions get the largest priority seen so far. Rows are
         staged (in NumPy, on the host, where the environments produce them)
         and handed to the core engine in one call per batch of rows (at the
@@ -240,51 +374,89 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         per-call cost, and with device storage the copy to the device, is then
         paid once per ``train()``, not per step. Nothing else changes, since
         priorities only move in :meth:`update_priorities`.
+
+        Raises:
+            ValueError: a shape, dtype or value as above, naming the argument
+                (or the field it goes to).
+            TypeError: ``obs`` of a ``Dict`` space is not a dict, or ``infos``
+                is not a list of dicts.
+            Nothing is stored on error.
         """
-        fields = self._observation_batch("obs", obs)
-        fields["action"] = np.reshape(action, (self.n_envs, self.action_dim))
-        fields["reward"] = reward
-        if self.optimize_memory_usage:
-            self._staged_next_obs = np.array(next_obs)  # copied, as SB3 copies what it stores
-        else:
-            fields.update(self._observation_batch("next_obs", next_obs))
-        fields["done"] = done
+        # Check and shape everything before taking the lock: a refused row leaves no trace.
+        row = self._observation_rows("obs", obs)
+        row.update(self._observation_rows("next_obs", next_obs))
+        row["action"] = self._action_rows(action)
+        row["reward"] = self._env_values("reward", reward)
+        row["done"] = self._env_values("done", done)
+        timeouts = self._timeouts(infos)
         if self.handle_timeout_termination:
-            fields["timeout"] = np.array([info.get("TimeLimit.truncated", False) for info in infos])
-        start = self._staged_rows * self.n_envs
-        for name, value in fields.items():
-            self._staged[name][start : start + self.n_envs] = value
-        self._staged_rows += 1
-        self.pos += 1
-        if self.pos == self.buffer_size:
-            self.full = True
-            self.pos = 0
-        if self._staged_rows == self._stage_capacity:
-            self._commit()
+            row["timeout"] = timeouts
+        self._check_casts(row)
+        with self._lock:
+            start = self._staged_rows * self.n_envs
+            for name, value in row.items():  # shapes match exactly: nothing is broadcast
+                self._staged[name][start : start + self.n_envs] = value
+            self._staged_rows += 1
+            self.pos += 1
+            if self.pos == self.buffer_size:
+                self.full = True
+                self.pos = 0
+            if self._staged_rows == self._stage_capacity:
+                self._commit()
+
+    def _check_casts(self, row: dict[str, np.ndarray]) -> None:
+        """Check that ``row``'s values cast to their fields unchanged, by the core engine's rule.
+
+        A safe cast (same dtype, bool -> float32, ...) changes no value, and
+        the pairs seen are remembered, so the usual ``add`` pays one set lookup
+        per field; any other cast goes through
+        :meth:`hetero_replay.storage.Field.cast` (within a kind, no value
+        changed: no float into an int field, no integer that would wrap, no
+        float that would overflow to inf), whose ``ValueError`` names the field.
+        """
+        for name, value in row.items():
+            if (name, value.dtype) not in self._safe_casts:
+                field = self._stage_fields[name]
+                if np.can_cast(value.dtype, field.dtype, casting="safe"):
+                    self._safe_casts.add((name, value.dtype))
+                else:
+                    row[name] = field.cast(name, value)
 
     def _stage_new(self) -> None:
-        """Allocate the staging rows (up to ``STAGE_ROWS``) for :meth:`add`."""
+        """New, empty staging rows (up to ``STAGE_ROWS``) for :meth:`add`.
+
+        They hold the core engine's fields, plus ``next_obs`` with
+        ``optimize_memory_usage`` (the engine keeps it only for the newest row).
+        """
         self._stage_capacity = min(STAGE_ROWS, self.buffer_size)
+        self._stage_fields = dict(self._replay.schema.items())
+        if self.optimize_memory_usage:
+            self._stage_fields["next_obs"] = self._stage_fields["obs"]
         rows = self._stage_capacity * self.n_envs
-        self._staged = {n: np.zeros((rows, *f.shape), f.dtype) for n, f in self._replay.schema.items()}
+        self._staged = {name: np.zeros((rows, *f.shape), f.dtype) for name, f in self._stage_fields.items()}
         self._staged_rows = 0
-        self._staged_next_obs = None
+        self._safe_casts: set[tuple[str, np.dtype]] = set()
 
     def _commit(self) -> None:
-        """Hand the staged rows to the core engine (they get the max priority there)."""
+        """Hand the staged rows to the core engine (they get the max priority there). Hold the lock."""
         if self._staged_rows == 0:
             return
         n = self._staged_rows * self.n_envs
-        self._replay.add({name: arr[:n] for name, arr in self._staged.items()})
+        self._replay.add({name: self._staged[name][:n] for name in self._replay.schema})
         self._staged_rows = 0
         if self.optimize_memory_usage:
             # Row `pos` now holds the next observations of the last row added;
             # until its own add it is not a valid transition: priority 0.
             start = self.pos * self.n_envs
-            self._replay.storage.write(start, self._observation_batch("obs", self._staged_next_obs))
+            self._replay.storage.write(start, {"obs": self._staged["next_obs"][n - self.n_envs : n]})
             if self.full:
                 slots = np.arange(start, start + self.n_envs, dtype=np.int64)
                 self._replay.tree.update(slots, np.zeros(self.n_envs, self._replay.tree.dtype))
+
+    def size(self) -> int:
+        """Rows stored (each of ``n_envs`` transitions), at most ``buffer_size``."""
+        with self._lock:
+            return super().size()
 
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> PrioritizedReplayBufferSamples:  # type: ignore[override]
         """Draw ``batch_size`` transitions by priority, with their IS weights and indices.
@@ -292,13 +464,19 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Args:
             batch_size: number of transitions (drawn with replacement).
             env: a ``VecNormalize`` to normalise observations and rewards with, as in SB3.
+
+        Raises:
+            ValueError: an empty buffer, or ``batch_size`` not a positive
+                integer. Nothing changes on error (not even the random state).
         """
-        self._count_sample()
-        self._commit()
-        batch = self._replay.sample(batch_size)
-        data, indices = batch.data, batch.indices
-        if self.optimize_memory_usage:
-            data["next_obs"] = self._next_observations(indices)
+        with self._lock:
+            self._commit()
+            batch = self._replay.sample(batch_size)
+            data, indices = batch.data, batch.indices
+            if self.optimize_memory_usage:
+                data["next_obs"] = self._next_observations(indices)
+            self._count_sample()
+        # The batch is this call's own copy from here on: no lock needed.
         if env is not None and self._device_batches:
             # VecNormalize works on NumPy arrays: normalising takes the batch through the host.
             data = {name: value.cpu().numpy() for name, value in data.items()}
@@ -338,13 +516,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         device, nothing is copied) and to a host tree as NumPy arrays.
 
         Args:
-            indices: the ``indices`` of a sample from this buffer.
-            td_errors: one TD error per index (a tensor on any device, or an
-                array); its absolute value is taken.
+            indices: the ``indices`` of a sample from this buffer (1-D).
+            td_errors: one TD error per index, any shape with that many
+                elements (a tensor on any device, or an array); its absolute
+                value is taken.
 
         Raises:
-            ValueError: a NaN or infinite TD error (naming its position), or
-                lengths that differ.
+            ValueError: ``indices`` not 1-D, lengths that differ, a NaN or
+                infinite TD error (naming its position) or one too large for
+                the tree.
+            TypeError: non-integer indices or non-numeric TD errors.
             IndexError: an index outside the filled part of the buffer.
             Nothing changes on error.
         """
@@ -354,66 +535,86 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         else:
             if isinstance(td_errors, th.Tensor):
                 td_errors = td_errors.detach().reshape(-1).cpu().numpy()
-            td = np.abs(np.asarray(td_errors).reshape(-1))
+            td = np.asarray(td_errors).reshape(-1)
+            if td.dtype.kind not in "biuf":
+                raise TypeError(f"update_priorities: td_errors must be numbers, got dtype {td.dtype}")
+            td = np.abs(td)
             indices = np.asarray(indices)
+        if indices.ndim != 1:
+            raise ValueError(
+                f"update_priorities: indices must be 1-D (the indices of a sample), got shape {tuple(indices.shape)}"
+            )
         if indices.shape != td.shape:
             raise ValueError(f"update_priorities: {indices.shape[0]} indices but {td.shape[0]} TD errors")
-        self._commit()
-        if self.optimize_memory_usage and self.full:
-            # Transitions overwritten since they were sampled keep priority 0 (see add).
-            valid = (indices // self.n_envs) != self.pos
-            indices, td = indices[valid], td[valid.to(td.device) if self._device_batches else valid]
-        self._replay.update_priorities(indices, td)
-        self._samples_since_update = 0
+        with self._lock:
+            self._commit()
+            if self.optimize_memory_usage and self.full:
+                # Transitions overwritten since they were sampled keep priority 0 (see add).
+                valid = (indices // self.n_envs) != self.pos
+                indices, td = indices[valid], td[valid.to(td.device) if self._device_batches else valid]
+            self._replay.update_priorities(indices, td)
+            self._samples_since_update = 0
 
     def reset(self) -> None:
         """Empty the buffer (priorities and the max priority start over)."""
-        super().reset()
-        self._replay = self._make_replay(int(self._replay.rng.integers(2**31 - 1)))
-        self._stage_new()
+        with self._lock:
+            super().reset()
+            self._replay = self._make_replay(int(self._replay.rng.integers(2**31 - 1)))
+            self._stage_new()
 
     # -- PER state ------------------------------------------------------------------
 
     @property
     def beta(self) -> float:
         """Importance-sampling exponent used by the next :meth:`sample`, in ``[0, 1]``."""
-        return self._replay.beta
+        with self._lock:
+            return self._replay.beta
 
     @beta.setter
     def beta(self, value: float) -> None:
-        self._replay.beta = value
+        with self._lock:  # the core engine checks the value
+            self._replay.beta = value
 
     @property
     def alpha(self) -> float:
         """Priority exponent."""
-        return self._replay.alpha
+        with self._lock:
+            return self._replay.alpha
 
     @property
     def max_priority(self) -> float:
         """Largest ``|TD error| + eps`` seen so far (1 until the first update)."""
-        return self._replay.max_priority
+        with self._lock:
+            return self._replay.max_priority
 
     @property
     def replay(self) -> PrioritizedReplay:
-        """The core engine that holds the transitions and their priorities."""
-        self._commit()
-        return self._replay
+        """The core engine that holds the transitions and their priorities.
+
+        Calls on it do not take this buffer's lock: use it from one thread.
+        """
+        with self._lock:
+            self._commit()
+            return self._replay
 
     def priorities(self) -> np.ndarray:
         """Current sampling priorities ``p^alpha``, shape ``(buffer_size, n_envs)``."""
-        self._commit()
-        return self._replay.tree.leaves().reshape(self.buffer_size, self.n_envs)
+        with self._lock:
+            self._commit()
+            return self._replay.tree.leaves().reshape(self.buffer_size, self.n_envs)
 
     # -- SB3's array attributes, as views into the core storage ----------------------
 
     def _rows(self, name: str) -> np.ndarray:
         """Field ``name`` as a ``(buffer_size, n_envs, ...)`` view (writes go through).
 
-        A NumPy array, or a torch tensor where the storage is when it is on a device.
+        A NumPy array, or a torch tensor where the storage is when it is on a
+        device. The view is live: reads and writes through it do not take the lock.
         """
-        self._commit()
-        arr = self._replay.storage.arrays[name]
-        return arr.reshape(self.buffer_size, self.n_envs, *arr.shape[1:])
+        with self._lock:
+            self._commit()
+            arr = self._replay.storage.arrays[name]
+            return arr.reshape(self.buffer_size, self.n_envs, *arr.shape[1:])
 
     @property
     def observations(self) -> np.ndarray:  # type: ignore[override]
@@ -447,18 +648,36 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     # -- pickling and helpers -------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        # SB3's save_replay_buffer pickles the buffer: commit, and leave the
-        # (empty) staging rows out.
-        self._commit()
-        state = self.__dict__.copy()
-        del state["_staged"]
-        return state
+        # SB3's save_replay_buffer pickles the buffer. Everything is read under
+        # the lock, the core engine included (pickle would otherwise read it
+        # after __getstate__ returns, while other threads may add).
+        with self._lock:
+            self._commit()
+            state = self.__dict__.copy()
+            del state["_lock"], state["_staged"]  # the staging rows are empty after the commit
+            state["_replay"] = (type(self._replay), self._replay.__getstate__())
+            if self.optimize_memory_usage and not self.full:
+                # The newest next observations sit in row `pos`, past the
+                # engine's filled part, which is all the engine saves.
+                start = self.pos * self.n_envs
+                state["_newest_next_obs"] = _host_copy(self._replay.storage.arrays["obs"][start : start + self.n_envs])
+            return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        replay_class, replay_state = state.pop("_replay")
+        newest_next_obs = state.pop("_newest_next_obs", None)
         self.__dict__.update(state)
+        self._replay = replay_class.__new__(replay_class)
+        self._replay.__setstate__(replay_state)
+        if newest_next_obs is not None:
+            self._replay.storage.write(self.pos * self.n_envs, {"obs": newest_next_obs})
         self._stage_new()
+        self._lock = threading.RLock()
+        _track(self)
 
     def _count_sample(self) -> None:
+        """Count a successful sample; warn once when priorities never move. Hold the lock."""
         self._samples_since_update += 1
         if self._samples_since_update == WARN_AFTER_SAMPLES and not self._warned_no_update:
             self._warned_no_update = True
@@ -478,6 +697,8 @@ class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer):
     SB3's ``DictReplayBuffer``. Takes the same arguments as
     :class:`PrioritizedReplayBuffer`, except that ``optimize_memory_usage`` is
     not supported (SB3's ``DictReplayBuffer`` does not support it either).
+    ``add`` takes ``obs`` and ``next_obs`` as dicts with exactly the space's
+    keys, each value shaped as for :class:`PrioritizedReplayBuffer`.
     """
 
     observation_space: spaces.Dict
@@ -511,14 +732,19 @@ class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer):
     def _observation_fields(self) -> dict[str, Field]:
         return {key: Field(shape, self.observation_space[key].dtype) for key, shape in self.obs_shape.items()}
 
-    def _observation_batch(self, prefix: str, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # type: ignore[override]
-        out = {}
-        for key, shape in self.obs_shape.items():
-            value = obs[key]
-            if isinstance(self.observation_space[key], spaces.Discrete):
-                value = np.reshape(value, (self.n_envs, *shape))
-            out[f"{prefix}/{key}"] = value
-        return out
+    def _observation_rows(self, prefix: str, obs: Any) -> dict[str, np.ndarray]:
+        if not isinstance(obs, AnyMapping):
+            raise TypeError(f"add: {prefix} must be a dict with keys {list(self.obs_shape)}, got {type(obs).__name__}")
+        if obs.keys() != self.obs_shape.keys():
+            missing = [key for key in self.obs_shape if key not in obs]
+            unknown = [key for key in obs if key not in self.obs_shape]
+            raise ValueError(
+                f"add: {prefix} must have the keys {list(self.obs_shape)}: missing {missing}, unknown {unknown}"
+            )
+        return {
+            f"{prefix}/{key}": self._env_rows(f"{prefix}[{key!r}]", obs[key], self.observation_space[key], shape)
+            for key, shape in self.obs_shape.items()
+        }
 
     def _observation_tensor(  # type: ignore[override]
         self, prefix: str, data: dict[str, Any], env: VecNormalize | None
@@ -537,6 +763,93 @@ class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer):
     @property
     def next_observations(self) -> dict[str, np.ndarray]:  # type: ignore[override]
         return self._rows_dict("next_obs")
+
+
+# -- argument checks ----------------------------------------------------------------------
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    """``TypeError`` unless ``value`` is an integer (not a bool), ``ValueError`` if it is below ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _action_rules(
+    space: spaces.Space, action_dim: int, n_envs: int
+) -> tuple[set[tuple[int, ...]], tuple[np.ndarray, np.ndarray] | None]:
+    """The action shapes ``add`` takes, and ``(low, high)`` integer bounds for discrete spaces.
+
+    Shapes: ``(n_envs, *space.shape)`` (what SB3's algorithms pass),
+    ``(n_envs, action_dim)`` (the stored layout) and, for one environment,
+    ``space.shape`` (an ``action_space.sample()``, as SB3's own tests pass).
+    SB3 reshapes any array of ``n_envs * action_dim`` values; other layouts of
+    them (a flat array, or ``(action_dim, n_envs)``) are ambiguous or would be
+    stored scrambled, so they are refused. Bounds: an action ``a`` must satisfy
+    ``low <= a < high``; ``None`` for ``Box`` (SB3 stores the policy's
+    rescaled actions there, not values of the space).
+    """
+    shape = tuple(space.shape or ())
+    shapes = {(n_envs, *shape), (n_envs, action_dim)}
+    if n_envs == 1:
+        shapes.add(shape)
+    if isinstance(space, spaces.Discrete):
+        bounds = (np.asarray(space.start), np.asarray(space.start + space.n))
+    elif isinstance(space, spaces.MultiDiscrete):
+        bounds = (np.asarray(space.start).reshape(-1), np.asarray(space.start + space.nvec).reshape(-1))
+    elif isinstance(space, spaces.MultiBinary):
+        bounds = (np.asarray(0), np.asarray(2))
+    else:
+        bounds = None
+    return shapes, bounds
+
+
+def _host_copy(value: np.ndarray | th.Tensor) -> np.ndarray:
+    """A NumPy copy of storage rows, wherever the storage is."""
+    return value.cpu().numpy().copy() if isinstance(value, th.Tensor) else np.array(value)
+
+
+# -- locks across fork ----------------------------------------------------------------------
+
+#: Every live buffer, so that a fork can take all their locks (see _before_fork).
+_BUFFERS: weakref.WeakSet[PrioritizedReplayBuffer] = weakref.WeakSet()
+_BUFFERS_LOCK = threading.Lock()
+_HELD_ACROSS_FORK: list[PrioritizedReplayBuffer] = []
+
+
+def _track(buffer: PrioritizedReplayBuffer) -> None:
+    with _BUFFERS_LOCK:
+        _BUFFERS.add(buffer)
+
+
+def _before_fork() -> None:
+    # Wait for the operations under way and hold every buffer's lock through
+    # the fork: the child then sees whole rows only, and no lock held by a
+    # thread that does not exist there.
+    _BUFFERS_LOCK.acquire()
+    _HELD_ACROSS_FORK[:] = list(_BUFFERS)
+    for buffer in _HELD_ACROSS_FORK:
+        buffer._lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for buffer in _HELD_ACROSS_FORK:
+        buffer._lock.release()
+    _HELD_ACROSS_FORK.clear()
+    _BUFFERS_LOCK.release()
+
+
+def _after_fork_in_child() -> None:
+    global _BUFFERS_LOCK
+    for buffer in _HELD_ACROSS_FORK:
+        buffer._lock = threading.RLock()
+    _HELD_ACROSS_FORK.clear()
+    _BUFFERS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX only; Windows has no fork
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 def _mapped_device(device: th.device | str, mapping: Mapping) -> str:

@@ -8,6 +8,7 @@ their ``train()``.
 from __future__ import annotations
 
 import io
+import numbers
 import pathlib
 from typing import Any, Callable
 
@@ -85,10 +86,14 @@ class PERMixin:
         mapping: Mapping | None = None,
         **kwargs: Any,
     ) -> None:
-        if isinstance(beta_schedule, (int, float)) and not 0.0 <= beta_schedule <= 1.0:
+        constant = isinstance(beta_schedule, numbers.Real) and not isinstance(beta_schedule, bool)
+        if beta_schedule is not None and not constant and not callable(beta_schedule):
+            raise TypeError(
+                "beta_schedule must be None, a float or a callable, "
+                f"got {type(beta_schedule).__name__} {beta_schedule!r}"
+            )
+        if constant and not 0.0 <= beta_schedule <= 1.0:
             raise ValueError(f"beta_schedule: a constant beta must be in [0, 1], got {beta_schedule}")
-        if beta_schedule is not None and not isinstance(beta_schedule, (int, float)) and not callable(beta_schedule):
-            raise TypeError(f"beta_schedule must be None, a float or a callable, got {type(beta_schedule).__name__}")
         buffer_kwargs = dict(kwargs.get("replay_buffer_kwargs") or {})
         if "mapping" in buffer_kwargs:  # one mapping per model, kept on the model
             in_buffer_kwargs = buffer_kwargs.pop("mapping")
@@ -121,7 +126,7 @@ class PERMixin:
         super()._setup_model()  # type: ignore[misc]
         if self.beta_schedule is None:
             self.beta_schedule = LinearSchedule(self.replay_buffer.beta, 1.0, 1.0)
-        elif isinstance(self.beta_schedule, (int, float)):
+        elif not callable(self.beta_schedule):  # a constant, checked in __init__
             self.beta_schedule = ConstantSchedule(float(self.beta_schedule))
 
     def _apply_mapping(self) -> None:
@@ -144,14 +149,16 @@ class PERMixin:
     def load_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase, truncate_last_traj: bool = True) -> None:
         """SB3's ``load_replay_buffer``; the loaded buffer keeps the placement it was saved with.
 
-        Refused, with the current buffer kept: a buffer without priorities, and
-        one whose core engine delivers batches to another device than the
-        model's (``ValueError``).
+        Refused, with the current buffer kept: a buffer without priorities
+        (``TypeError``), one for other spaces or another number of environments
+        than the model's, and one whose core engine delivers batches to another
+        device than the model's (``ValueError``).
         """
         previous = self.replay_buffer
         try:
             super().load_replay_buffer(path, truncate_last_traj)  # type: ignore[misc]
             _require_priorities(type(self.replay_buffer), type(self).__name__)
+            _require_same_env(self.replay_buffer, self, type(self).__name__)
             replay = getattr(self.replay_buffer, "replay", None)
             if isinstance(replay, TorchBatchReplay) and not same_device(replay.device, self.device):
                 raise ValueError(
@@ -165,12 +172,13 @@ class PERMixin:
     def _update_beta(self) -> float:
         """Set the buffer's beta from the schedule; returns it."""
         assert callable(self.beta_schedule)
-        beta = float(self.beta_schedule(self._current_progress_remaining))
-        if not 0.0 <= beta <= 1.0:
+        beta = self.beta_schedule(self._current_progress_remaining)
+        if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0.0 <= beta <= 1.0:
             raise ValueError(
-                f"beta_schedule returned {beta} at progress_remaining={self._current_progress_remaining:.3f}; "
-                "beta must be in [0, 1]"
+                f"beta_schedule returned {beta!r} at progress_remaining={self._current_progress_remaining:.3f}; "
+                "beta must be a number in [0, 1]"
             )
+        beta = float(beta)
         self.replay_buffer.beta = beta
         return beta
 
@@ -179,6 +187,20 @@ class PERMixin:
         self.logger.record("train/per_beta", beta)
         self.logger.record("train/per_mean_weight", float(np.mean(mean_weights)))
         self.logger.record("train/per_max_priority", self.replay_buffer.max_priority)
+
+
+def _require_same_env(buffer: Any, model: Any, algo: str) -> None:
+    """``ValueError`` unless ``buffer`` holds transitions of ``model``'s spaces and number of environments.
+
+    Another buffer would fail at the first ``add`` of ``learn``, or train on another task's transitions.
+    """
+    for name in ("observation_space", "action_space", "n_envs"):
+        ours, theirs = getattr(model, name), getattr(buffer, name)
+        if ours != theirs:
+            raise ValueError(
+                f"the loaded buffer's {name} is {theirs}, but {algo}'s is {ours}; "
+                "load a buffer saved by a model of the same environment"
+            )
 
 
 def _require_priorities(buffer_class: type, algo: str) -> None:
