@@ -27,8 +27,7 @@ py::array as_1d(py::handle obj, const char* what) {
   py::array arr = py::array::ensure(obj);
   if (!arr) throw py::type_error(std::string(what) + " must be array-like");
   if (arr.ndim() != 1)
-    throw py::value_error(std::string(what) + " must be 1-D, got " + std::to_string(arr.ndim()) +
-                          "-D");
+    throw py::value_error(std::string(what) + " must be 1-D, got " + std::to_string(arr.ndim()) + "-D");
   return arr;
 }
 
@@ -38,8 +37,7 @@ IndexArray as_indices(py::handle obj) {
   py::array arr = as_1d(obj, "indices");
   const char k = kind_of(arr);
   if (arr.size() > 0 && k != 'i' && k != 'u')
-    throw py::type_error("indices must be integers, got dtype " +
-                         py::str(arr.dtype()).cast<std::string>());
+    throw py::type_error("indices must be integers, got dtype " + py::str(arr.dtype()).cast<std::string>());
   return IndexArray::ensure(arr);
 }
 
@@ -79,8 +77,9 @@ struct PySumTree {
     py::object bitgen = generator.attr("bit_generator");
     py::object iface = bitgen.attr("ctypes");
     py::module_ ctypes = py::module_::import("ctypes");
-    const uintptr_t fn =
-        ctypes.attr("cast")(iface.attr("next_double"), ctypes.attr("c_void_p")).attr("value").cast<uintptr_t>();
+    const uintptr_t fn = ctypes.attr("cast")(iface.attr("next_double"), ctypes.attr("c_void_p"))
+                             .attr("value")
+                             .cast<uintptr_t>();
     rng_state = reinterpret_cast<void*>(iface.attr("state_address").cast<uintptr_t>());
     next_double = reinterpret_cast<double (*)(void*)>(fn);
     rng_lock = bitgen.attr("lock");
@@ -136,8 +135,8 @@ struct PyRowAccess {
     const int64_t* ix = idx.data();
     for (int64_t i = 0; i < n; ++i)
       if (ix[i] < 0 || ix[i] >= rows)
-        throw py::index_error("index at position " + std::to_string(i) + " is " +
-                              std::to_string(ix[i]) + ", outside [0, " + std::to_string(rows) + ")");
+        throw py::index_error("index at position " + std::to_string(i) + " is " + std::to_string(ix[i]) +
+                              ", outside [0, " + std::to_string(rows) + ")");
     py::list outs;
     std::vector<char*> out_ptrs;
     for (const py::array& a : sources) {
@@ -216,10 +215,12 @@ PYBIND11_MODULE(_native, m) {
         double max_raw;
         if (dt.equal(py::dtype::of<float>())) {
           py::gil_scoped_release nogil;
-          max_raw = priorities_from_td(td.data(), td.size(), alpha, eps, static_cast<float*>(out.mutable_data()));
+          max_raw =
+              priorities_from_td(td.data(), td.size(), alpha, eps, static_cast<float*>(out.mutable_data()));
         } else if (dt.equal(py::dtype::of<double>())) {
           py::gil_scoped_release nogil;
-          max_raw = priorities_from_td(td.data(), td.size(), alpha, eps, static_cast<double*>(out.mutable_data()));
+          max_raw =
+              priorities_from_td(td.data(), td.size(), alpha, eps, static_cast<double*>(out.mutable_data()));
         } else {
           throw py::value_error("dtype must be float32 or float64, got " + py::str(dt).cast<std::string>());
         }
@@ -281,22 +282,28 @@ Each sibling group of `fanout` values is one cache line (float32, fanout 16).
 Batch operations release the GIL and use a thread pool above a few hundred items;
 writers and readers are serialised by an internal reader/writer lock.
 )doc")
-      .def(py::init(&make_py_tree), py::arg("capacity"), py::arg("fanout") = 16,
-           py::arg("dtype") = "float32")
+      .def(py::init(&make_py_tree), py::arg("capacity"), py::arg("fanout") = 16, py::arg("dtype") = "float32")
       .def_property_readonly("capacity", [](const PySumTree& t) { return t.tree->capacity(); })
       .def_property_readonly("fanout", [](const PySumTree& t) { return t.tree->fanout(); })
       .def_property_readonly("dtype", &PySumTree::dtype)
       .def_property_readonly("num_levels", [](const PySumTree& t) { return t.tree->num_levels(); })
-      .def("total", [](const PySumTree& t) {
-             std::shared_lock lock(t.tree->mutex());
-             return t.tree->total();
-           }, "Sum of all leaves (float64).")
-      .def_property_readonly("max_leaf", [](const PySumTree& t) { return t.tree->max_leaf(); },
-                             "Largest leaf value accepted: capacity such leaves still sum to a finite value.")
-      .def("min", [](const PySumTree& t) {
-             std::shared_lock lock(t.tree->mutex());
-             return t.tree->min();
-           }, "Smallest leaf > 0, or inf if there is none.")
+      .def(
+          "total",
+          [](const PySumTree& t) {
+            std::shared_lock lock(t.tree->mutex());
+            return t.tree->total();
+          },
+          "Sum of all leaves (float64).")
+      .def_property_readonly(
+          "max_leaf", [](const PySumTree& t) { return t.tree->max_leaf(); },
+          "Largest leaf value accepted: capacity such leaves still sum to a finite value.")
+      .def(
+          "min",
+          [](const PySumTree& t) {
+            std::shared_lock lock(t.tree->mutex());
+            return t.tree->min();
+          },
+          "Smallest leaf > 0, or inf if there is none.")
       .def(
           "update",
           [](PySumTree& t, py::handle idx_obj, py::handle val_obj) {
@@ -383,21 +390,24 @@ writers and readers are serialised by an internal reader/writer lock.
           py::arg("batch_size"), py::arg("rng"), py::arg("beta"), py::arg("stratified") = true,
           "Draws `batch_size` leaves with probability leaf / total using `rng` "
           "(a numpy Generator) and returns (indices, IS weights (min / leaf) ** beta).")
-      .def("leaves", [](const PySumTree& t) {
-             py::array out(t.dtype(), t.tree->capacity());
-             void* o = out.mutable_data();
-             py::gil_scoped_release nogil;
-             std::shared_lock lock(t.tree->mutex());
-             t.tree->leaves(o);
-             return out;
-           }, "Copy of all `capacity` leaves.")
+      .def(
+          "leaves",
+          [](const PySumTree& t) {
+            py::array out(t.dtype(), t.tree->capacity());
+            void* o = out.mutable_data();
+            py::gil_scoped_release nogil;
+            std::shared_lock lock(t.tree->mutex());
+            t.tree->leaves(o);
+            return out;
+          },
+          "Copy of all `capacity` leaves.")
       .def(
           "load_leaves",
           [](PySumTree& t, py::handle val_obj) {
             py::array val = t.values_as_dtype(val_obj, "leaves");
             if (val.size() != t.tree->capacity())
-              throw py::value_error("expected " + std::to_string(t.tree->capacity()) +
-                                    " leaves, got " + std::to_string(val.size()));
+              throw py::value_error("expected " + std::to_string(t.tree->capacity()) + " leaves, got " +
+                                    std::to_string(val.size()));
             py::gil_scoped_release nogil;
             std::unique_lock lock(t.tree->mutex());
             t.tree->load_leaves(val.data());
@@ -421,7 +431,7 @@ writers and readers are serialised by an internal reader/writer lock.
           }))
       .def("__repr__", [](const PySumTree& t) {
         return "SumTree(capacity=" + std::to_string(t.tree->capacity()) +
-               ", fanout=" + std::to_string(t.tree->fanout()) + ", dtype=" +
-               (t.float64() ? "float64" : "float32") + ")";
+               ", fanout=" + std::to_string(t.tree->fanout()) +
+               ", dtype=" + (t.float64() ? "float64" : "float32") + ")";
       });
 }

@@ -30,8 +30,9 @@ T* ptr(const py::object& obj, const char* what) {
   if (!py::isinstance<py::array>(obj)) throw py::type_error(std::string(what) + " must be a numpy array");
   py::array a = py::reinterpret_borrow<py::array>(obj);
   if (!a.dtype().equal(py::dtype::of<T>()))
-    throw py::type_error(std::string(what) + ": expected dtype " + py::str(py::dtype::of<T>()).cast<std::string>() +
-                         ", got " + py::str(a.dtype()).cast<std::string>());
+    throw py::type_error(std::string(what) + ": expected dtype " +
+                         py::str(py::dtype::of<T>()).cast<std::string>() + ", got " +
+                         py::str(a.dtype()).cast<std::string>());
   if (!(a.flags() & py::array::c_style)) throw py::value_error(std::string(what) + " must be C-contiguous");
   return static_cast<T*>(a.mutable_data());
 }
@@ -55,7 +56,8 @@ void with_fanout(int fanout, F&& f) {
     case 16: return f(std::integral_constant<int, 16>{});
     case 32: return f(std::integral_constant<int, 32>{});
     case 64: return f(std::integral_constant<int, 64>{});
-    default: throw py::value_error("fanout must be one of 2, 4, 8, 16, 32, 64; got " + std::to_string(fanout));
+    default:
+      throw py::value_error("fanout must be one of 2, 4, 8, 16, 32, 64; got " + std::to_string(fanout));
   }
 }
 
@@ -82,7 +84,8 @@ void register_kernel_items(py::module_& parent) {
       const T* v = ptr<T>(values, "values");
       int64_t* k = ptr<int64_t>(keys, "keys");
       Status* st = ptr<Status>(status, "status");
-      for (int64_t i = 0; i < n; ++i) record_bad(st, check_priority_item<T>(i, n, ix, v, limit, max_leaf, k), n, i);
+      for (int64_t i = 0; i < n; ++i)
+        record_bad(st, check_priority_item<T>(i, n, ix, v, limit, max_leaf, k), n, i);
     });
   });
 
@@ -98,26 +101,27 @@ void register_kernel_items(py::module_& parent) {
       for (int64_t i = 0; i < n; ++i) {
         const int bad = check_td_item<T>(i, n, ix, d, limit, alpha, eps, max_leaf, k, p);
         record_bad(st, bad, n, i);
-        if (!(bad & kBadValue)) st[kStatusMaxRaw] = std::max<Status>(st[kStatusMaxRaw], double_bits(d[i] + eps));
+        if (!(bad & kBadValue))
+          st[kStatusMaxRaw] = std::max<Status>(st[kStatusMaxRaw], double_bits(d[i] + eps));
       }
     });
   });
 
-  m.def("write_leaves", [](int64_t n, py::object sorted_keys, py::object values, py::object leaves,
-                           py::object status) {
-    with_type(values, [&](auto tag) {
-      using T = decltype(tag);
-      const int64_t* k = ptr<int64_t>(sorted_keys, "sorted_keys");
-      const T* v = ptr<T>(values, "values");
-      T* out = ptr<T>(leaves, "leaves");
-      if (update_failed(ptr<Status>(status, "status"))) return;
-      for (int64_t i = 0; i < n; ++i) write_leaf_item<T>(i, n, k, v, out);
-    });
-  });
+  m.def("write_leaves",
+        [](int64_t n, py::object sorted_keys, py::object values, py::object leaves, py::object status) {
+          with_type(values, [&](auto tag) {
+            using T = decltype(tag);
+            const int64_t* k = ptr<int64_t>(sorted_keys, "sorted_keys");
+            const T* v = ptr<T>(values, "values");
+            T* out = ptr<T>(leaves, "leaves");
+            if (update_failed(ptr<Status>(status, "status"))) return;
+            for (int64_t i = 0; i < n; ++i) write_leaf_item<T>(i, n, k, v, out);
+          });
+        });
 
-  m.def("refresh_level", [](int fanout, int64_t n, py::object sorted_keys, int64_t span, py::object child_values,
-                            py::object child_mins, py::object child_prefix, py::object values, py::object mins,
-                            py::object status) {
+  m.def("refresh_level", [](int fanout, int64_t n, py::object sorted_keys, int64_t span,
+                            py::object child_values, py::object child_mins, py::object child_prefix,
+                            py::object values, py::object mins, py::object status) {
     with_type(values, [&](auto tag) {
       using T = decltype(tag);
       with_fanout(fanout, [&](auto k) {
@@ -150,25 +154,25 @@ void register_kernel_items(py::module_& parent) {
     });
   });
 
-  m.def("refresh_root", [](int fanout, py::object top_values, py::object top_mins, py::object top_prefix,
-                           py::object status) {
-    with_type(top_values, [&](auto tag) {
-      using T = decltype(tag);
-      with_fanout(fanout, [&](auto k) {
-        constexpr int K = decltype(k)::value;
-        Status* st = ptr<Status>(status, "status");
-        const T* tv = ptr<T>(top_values, "top_values");
-        const T* tm = ptr<T>(top_mins, "top_mins");
-        double* tp = ptr<double>(top_prefix, "top_prefix");
-        if (update_failed(st)) return;
-        double total;
-        T min_value;
-        refresh_root<T, K>(tv, tm, tp, &total, &min_value);
-        st[kStatusTotal] = double_bits(total);
-        st[kStatusMin] = double_bits(static_cast<double>(min_value));
-      });
-    });
-  });
+  m.def("refresh_root",
+        [](int fanout, py::object top_values, py::object top_mins, py::object top_prefix, py::object status) {
+          with_type(top_values, [&](auto tag) {
+            using T = decltype(tag);
+            with_fanout(fanout, [&](auto k) {
+              constexpr int K = decltype(k)::value;
+              Status* st = ptr<Status>(status, "status");
+              const T* tv = ptr<T>(top_values, "top_values");
+              const T* tm = ptr<T>(top_mins, "top_mins");
+              double* tp = ptr<double>(top_prefix, "top_prefix");
+              if (update_failed(st)) return;
+              double total;
+              T min_value;
+              refresh_root<T, K>(tv, tm, tp, &total, &min_value);
+              st[kStatusTotal] = double_bits(total);
+              st[kStatusMin] = double_bits(static_cast<double>(min_value));
+            });
+          });
+        });
 
   m.def("find", [](int fanout, int64_t n, py::object mass, py::object leaves, py::object prefix_table,
                    int64_t num_levels, py::object out) {
@@ -178,8 +182,9 @@ void register_kernel_items(py::module_& parent) {
         constexpr int K = decltype(k)::value;
         const double* m = ptr<double>(mass, "mass");
         int64_t* o = ptr<int64_t>(out, "out");
-        const TreeView<T> tree = view_from_table<T>(ptr<T>(leaves, "leaves"), ptr<uint64_t>(prefix_table, "prefix_table"),
-                                                    static_cast<int>(num_levels));
+        const TreeView<T> tree =
+            view_from_table<T>(ptr<T>(leaves, "leaves"), ptr<uint64_t>(prefix_table, "prefix_table"),
+                               static_cast<int>(num_levels));
         for (int64_t i = 0; i < n; ++i) o[i] = descend<T, K>(tree, m[i]);
       });
     });
@@ -198,9 +203,9 @@ void register_kernel_items(py::module_& parent) {
         int64_t* io = ptr<int64_t>(idx_out, "idx_out");
         float* wo = ptr<float>(weight_out, "weight_out");
         const int64_t* table = num_fields ? ptr<int64_t>(fields, "fields") : nullptr;
-        const TreeView<T> tree = view_from_table<T>(ptr<T>(leaves, "leaves"),
-                                                    ptr<uint64_t>(prefix_table, "prefix_table"),
-                                                    static_cast<int>(num_levels));
+        const TreeView<T> tree =
+            view_from_table<T>(ptr<T>(leaves, "leaves"), ptr<uint64_t>(prefix_table, "prefix_table"),
+                               static_cast<int>(num_levels));
         if (block < 1) throw py::value_error("block must be >= 1");
         for (int64_t first = 0; first < n; first += block) {  // one block at a time, as the kernel
           const int64_t count = std::min(block, n - first);
@@ -225,10 +230,11 @@ void register_kernel_items(py::module_& parent) {
     });
   };
   m.def("sample_gather", sample_gather);
-  m.def("sample", [sample_gather](int fanout, int64_t n, py::object uniforms, int64_t stratified, double total,
-                                  double min_value, double beta, py::object leaves, py::object prefix_table,
-                                  int64_t num_levels, py::object idx_out, py::object weight_out) {
-    sample_gather(fanout, n, uniforms, stratified, total, min_value, beta, leaves, prefix_table, num_levels,
-                  idx_out, weight_out, 0, py::none(), 1);
-  });
+  m.def("sample",
+        [sample_gather](int fanout, int64_t n, py::object uniforms, int64_t stratified, double total,
+                        double min_value, double beta, py::object leaves, py::object prefix_table,
+                        int64_t num_levels, py::object idx_out, py::object weight_out) {
+          sample_gather(fanout, n, uniforms, stratified, total, min_value, beta, leaves, prefix_table,
+                        num_levels, idx_out, weight_out, 0, py::none(), 1);
+        });
 }

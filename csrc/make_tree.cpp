@@ -13,8 +13,7 @@ static std::unique_ptr<SumTreeBase> make_typed(int64_t capacity, int fanout) {
     case 32: return std::make_unique<KaryTree<T, 32>>(capacity);
     case 64: return std::make_unique<KaryTree<T, 64>>(capacity);
     default:
-      throw std::invalid_argument("fanout must be one of 2, 4, 8, 16, 32, 64; got " +
-                                  std::to_string(fanout));
+      throw std::invalid_argument("fanout must be one of 2, 4, 8, 16, 32, 64; got " + std::to_string(fanout));
   }
 }
 

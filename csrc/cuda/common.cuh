@@ -24,7 +24,9 @@ __device__ __forceinline__ bool update_failed(const unsigned long long* status) 
 }  // namespace hetero_replay
 
 // X(T, K) for every value type and fanout a tree can have (FANOUTS).
+// clang-format off
 #define HR_FOR_EACH_TREE(X) \
   X(float, 2) X(float, 4) X(float, 8) X(float, 16) X(float, 32) X(float, 64) \
   X(double, 2) X(double, 4) X(double, 8) X(double, 16) X(double, 32) X(double, 64)
+// clang-format on
 #define HR_FOR_EACH_TYPE(X) X(float) X(double)

@@ -16,8 +16,8 @@ __global__ void hr_find(int64_t n, const double* mass, const T* leaves, const ui
 }
 
 template <typename T, int K>
-__global__ void hr_sample(int64_t n, const double* uniforms, int64_t stratified, double total, double min_value,
-                          double beta, const T* leaves, const uint64_t* prefix_table,
+__global__ void hr_sample(int64_t n, const double* uniforms, int64_t stratified, double total,
+                          double min_value, double beta, const T* leaves, const uint64_t* prefix_table,
                           int64_t num_levels, int64_t* idx_out, float* weight_out) {
   const int64_t i = thread_item();
   if (i >= n) return;
@@ -26,15 +26,16 @@ __global__ void hr_sample(int64_t n, const double* uniforms, int64_t stratified,
 }
 
 // hr_sample plus the gather of each sampled row of `num_fields` fields, in one
-// launch (the caller picks the block size: the rows a block gathers together). fields[3 f .. 3 f + 2] = (source
-// address, output address, row bytes) of field f; rows are contiguous. Each
-// block first draws its rows, then copies them together (4-byte words where
-// the row size allows, bytes otherwise).
+// launch (the caller picks the block size: the rows a block gathers
+// together). fields[3 f .. 3 f + 2] = (source address, output address, row
+// bytes) of field f; rows are contiguous. Each block first draws its rows,
+// then copies them together (4-byte words where the row size allows, bytes
+// otherwise).
 template <typename T, int K>
 __global__ void hr_sample_gather(int64_t n, const double* uniforms, int64_t stratified, double total,
-                                 double min_value, double beta, const T* leaves,
-                                 const uint64_t* prefix_table, int64_t num_levels, int64_t* idx_out,
-                                 float* weight_out, int64_t num_fields, const long long* fields) {
+                                 double min_value, double beta, const T* leaves, const uint64_t* prefix_table,
+                                 int64_t num_levels, int64_t* idx_out, float* weight_out, int64_t num_fields,
+                                 const long long* fields) {
   const int64_t i = thread_item();
   if (i < n) {
     const TreeView<T> tree = view_from_table<T>(leaves, prefix_table, static_cast<int>(num_levels));
@@ -61,13 +62,13 @@ __global__ void hr_sample_gather(int64_t n, const double* uniforms, int64_t stra
 }
 
 #ifdef HR_INSTANTIATE_ALL
-#define HR_TREE_KERNELS(T, K)                                                                                   \
-  template __global__ void hr_find<T, K>(int64_t, const double*, const T*, const uint64_t*, int64_t,  \
-                                         int64_t*);                                                             \
-  template __global__ void hr_sample<T, K>(int64_t, const double*, int64_t, double, double, double, const T*,   \
-                                           const uint64_t*, int64_t, int64_t*, float*);               \
-  template __global__ void hr_sample_gather<T, K>(int64_t, const double*, int64_t, double, double, double,      \
-                                                  const T*, const uint64_t*, int64_t, int64_t*,       \
-                                                  float*, int64_t, const long long*);
+#define HR_TREE_KERNELS(T, K)                                                                              \
+  template __global__ void hr_find<T, K>(int64_t, const double*, const T*, const uint64_t*, int64_t,       \
+                                         int64_t*);                                                        \
+  template __global__ void hr_sample<T, K>(int64_t, const double*, int64_t, double, double, double,        \
+                                           const T*, const uint64_t*, int64_t, int64_t*, float*);          \
+  template __global__ void hr_sample_gather<T, K>(int64_t, const double*, int64_t, double, double, double, \
+                                                  const T*, const uint64_t*, int64_t, int64_t*, float*,    \
+                                                  int64_t, const long long*);
 HR_FOR_EACH_TREE(HR_TREE_KERNELS)
 #endif

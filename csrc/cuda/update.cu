@@ -49,8 +49,8 @@ __global__ void hr_refresh_level(int64_t n, const int64_t* sorted_keys, int64_t 
 
 // One node per thread: a full rebuild of one level (load_leaves).
 template <typename T, int K>
-__global__ void hr_rebuild_level(int64_t nodes, const T* child_values, const T* child_mins, double* child_prefix,
-                                 T* values, T* mins) {
+__global__ void hr_rebuild_level(int64_t nodes, const T* child_values, const T* child_mins,
+                                 double* child_prefix, T* values, T* mins) {
   const int64_t node = thread_item();
   if (node >= nodes) return;
   recompute_node<T, K>(node, child_values, child_mins, child_prefix, values, mins);
@@ -74,11 +74,12 @@ __global__ void hr_refresh_root(const T* top_values, const T* top_mins, double* 
                                                   int64_t*, unsigned long long*);                          \
   template __global__ void hr_check_td<T>(int64_t, const int64_t*, const double*, int64_t, double, double, \
                                           double, int64_t*, T*, unsigned long long*);                      \
-  template __global__ void hr_write_leaves<T>(int64_t, const int64_t*, const T*, T*, const unsigned long long*);
-#define HR_TREE_KERNELS(T, K)                                                                                  \
-  template __global__ void hr_refresh_level<T, K>(int64_t, const int64_t*, int64_t, const T*, const T*,        \
-                                                  double*, T*, T*, const unsigned long long*);                 \
-  template __global__ void hr_rebuild_level<T, K>(int64_t, const T*, const T*, double*, T*, T*);               \
+  template __global__ void hr_write_leaves<T>(int64_t, const int64_t*, const T*, T*,                       \
+                                              const unsigned long long*);
+#define HR_TREE_KERNELS(T, K)                                                                           \
+  template __global__ void hr_refresh_level<T, K>(int64_t, const int64_t*, int64_t, const T*, const T*, \
+                                                  double*, T*, T*, const unsigned long long*);          \
+  template __global__ void hr_rebuild_level<T, K>(int64_t, const T*, const T*, double*, T*, T*);        \
   template __global__ void hr_refresh_root<T, K>(const T*, const T*, double*, unsigned long long*);
 HR_FOR_EACH_TYPE(HR_TYPE_KERNELS)
 HR_FOR_EACH_TREE(HR_TREE_KERNELS)

@@ -80,8 +80,8 @@ HR_HD T priority_from_td(double td, double alpha, double eps) {
 // (bad when the TD error is not a finite magnitude or its priority exceeds
 // `max_leaf`).
 template <typename T>
-HR_HD int check_td_item(int64_t i, int64_t n, const int64_t* idx, const double* td, int64_t limit, double alpha,
-                        double eps, double max_leaf, int64_t* keys, T* priorities) {
+HR_HD int check_td_item(int64_t i, int64_t n, const int64_t* idx, const double* td, int64_t limit,
+                        double alpha, double eps, double max_leaf, int64_t* keys, T* priorities) {
   const bool index_ok = idx[i] >= 0 && idx[i] < limit;
   keys[i] = index_ok ? idx[i] * n + i : i;
   const bool td_ok = valid_priority(td[i]);
@@ -112,7 +112,8 @@ HR_HD void recompute_node(int64_t node, const T* child_values, const T* child_mi
     if (child_prefix) child_prefix[base + k] = s;
   }
   values[node] = static_cast<T>(s);
-  mins[node] = child_mins ? group_min<T, K>(child_mins + base, false) : group_min<T, K>(child_values + base, true);
+  mins[node] =
+      child_mins ? group_min<T, K>(child_mins + base, false) : group_min<T, K>(child_values + base, true);
 }
 
 // Item i of the sorted keys at one level: the first entry under each parent
@@ -128,7 +129,8 @@ HR_HD void refresh_item(int64_t i, int64_t n, const int64_t* sorted_keys, int64_
 // The top group: its prefix sums (null when the top group holds the leaves),
 // the total and the positive minimum.
 template <typename T, int K>
-HR_HD void refresh_root(const T* top_values, const T* top_mins, double* top_prefix, double* total, T* min_value) {
+HR_HD void refresh_root(const T* top_values, const T* top_mins, double* top_prefix, double* total,
+                        T* min_value) {
   double prefix[K];
   group_prefix<T, K>(top_values, prefix);
   if (top_prefix)
@@ -162,7 +164,8 @@ HR_HD void sample_item(int64_t i, int64_t n, const TreeView<T>& tree, const doub
 // threads copies its rows together, consecutive threads taking consecutive
 // words, so reads of one row coalesce.
 template <typename Word>
-HR_HD void gather_word(int64_t t, const int64_t* rows, int64_t first, const Word* source, Word* out, int64_t words) {
+HR_HD void gather_word(int64_t t, const int64_t* rows, int64_t first, const Word* source, Word* out,
+                       int64_t words) {
   const int64_t r = t / words, w = t % words;
   out[(first + r) * words + w] = source[rows[r] * words + w];
 }

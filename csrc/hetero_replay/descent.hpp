@@ -131,8 +131,7 @@ HR_HD int64_t descend(const TreeView<T>& tree, double mass) {
 // Mass of draw `i` of `n` from a uniform `u` in [0, 1): stratified draws take
 // one point in each of n equal slices of the total mass.
 HR_HD double draw_mass(int64_t i, int64_t n, double u, double total, bool stratified) {
-  return stratified ? (static_cast<double>(i) + u) * (total / static_cast<double>(n))
-                    : u * total;
+  return stratified ? (static_cast<double>(i) + u) * (total / static_cast<double>(n)) : u * total;
 }
 
 // Importance-sampling weight normalised by the largest weight in the buffer:

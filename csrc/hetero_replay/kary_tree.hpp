@@ -22,10 +22,10 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <unordered_set>
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "descent.hpp"
@@ -125,8 +125,8 @@ class SumTreeBase {
   virtual void update(const int64_t* idx, const void* values, int64_t n) = 0;
   // Leaves from |TD errors|: (td + eps)^alpha; indices must lie in [0, limit).
   // Returns max(td + eps). Validates everything before writing.
-  virtual double update_td(const int64_t* idx, const double* td, int64_t n, double alpha,
-                           double eps, int64_t limit) = 0;
+  virtual double update_td(const int64_t* idx, const double* td, int64_t n, double alpha, double eps,
+                           int64_t limit) = 0;
   virtual void load_leaves(const void* values) = 0;  // all `capacity` leaves
   virtual void get(const int64_t* idx, int64_t n, void* out) const = 0;
   virtual void leaves(void* out) const = 0;
@@ -232,11 +232,11 @@ class KaryTree final : public SumTreeBase {
     const double max_raw = priorities_from_td(td, n, alpha, eps, priorities.data(), threads);
     for (int64_t i = 0; i < n; ++i) {
       if (!(static_cast<double>(priorities[i]) <= max_leaf_))
-        throw std::invalid_argument(
-            "TD error at position " + std::to_string(i) + " is " + exact(td[i]) +
-            ": its priority (td + eps) ** alpha = " + exact(priorities[i]) +
-            " exceeds the largest priority this tree can sum, " + exact(max_leaf_) + " (the largest " +
-            (sizeof(T) == 4 ? "float32" : "float64") + " / (2 * capacity " + std::to_string(capacity_) + "))");
+        throw std::invalid_argument("TD error at position " + std::to_string(i) + " is " + exact(td[i]) +
+                                    ": its priority (td + eps) ** alpha = " + exact(priorities[i]) +
+                                    " exceeds the largest priority this tree can sum, " + exact(max_leaf_) +
+                                    " (the largest " + (sizeof(T) == 4 ? "float32" : "float64") +
+                                    " / (2 * capacity " + std::to_string(capacity_) + "))");
     }
     apply(idx, priorities.data(), n);
     return max_raw;
@@ -270,9 +270,8 @@ class KaryTree final : public SumTreeBase {
     require_mass();
     for (int64_t i = 0; i < n; ++i) {
       if (!(mass[i] >= 0.0 && mass[i] < total_))
-        throw std::invalid_argument("mass at position " + std::to_string(i) + " is " +
-                                    exact(mass[i]) + ", outside [0, total=" + exact(total_) +
-                                    ")");
+        throw std::invalid_argument("mass at position " + std::to_string(i) + " is " + exact(mass[i]) +
+                                    ", outside [0, total=" + exact(total_) + ")");
     }
     run_batched(n, [&](int64_t i) { return mass[i]; }, out, nullptr, 0.0);
   }
@@ -281,8 +280,8 @@ class KaryTree final : public SumTreeBase {
               float* weight_out) const override {
     require_mass();
     const double total = total_;
-    run_batched(n, [=](int64_t i) { return draw_mass(i, n, u[i], total, stratified); }, idx_out,
-                weight_out, beta);
+    const auto mass_of = [=](int64_t i) { return draw_mass(i, n, u[i], total, stratified); };
+    run_batched(n, mass_of, idx_out, weight_out, beta);
   }
 
  private:
@@ -290,8 +289,7 @@ class KaryTree final : public SumTreeBase {
   static int64_t round_up(int64_t n) { return std::max<int64_t>(K, (n + K - 1) / K * K); }
 
   static void prefetch_group(const void* p, size_t bytes) {
-    for (size_t off = 0; off < bytes; off += 64)
-      __builtin_prefetch(static_cast<const char*>(p) + off);
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off);
   }
 
   TreeView<T> view() const {
@@ -312,9 +310,8 @@ class KaryTree final : public SumTreeBase {
   static void validate_indices(const int64_t* idx, int64_t n, int64_t limit) {
     for (int64_t i = 0; i < n; ++i) {
       if (idx[i] < 0 || idx[i] >= limit)
-        throw std::out_of_range("index at position " + std::to_string(i) + " is " +
-                                std::to_string(idx[i]) + ", outside [0, " + std::to_string(limit) +
-                                ")");
+        throw std::out_of_range("index at position " + std::to_string(i) + " is " + std::to_string(idx[i]) +
+                                ", outside [0, " + std::to_string(limit) + ")");
     }
   }
 
@@ -322,11 +319,11 @@ class KaryTree final : public SumTreeBase {
     for (int64_t i = 0; i < n; ++i) {
       if (!(v[i] >= T(0) && static_cast<double>(v[i]) <= max_leaf_)) {
         const std::string what = std::isnan(v[i]) ? "nan" : exact(v[i]);
-        throw std::invalid_argument(
-            "priority at position " + std::to_string(i) + " is " + what +
-            "; priorities must be >= 0 and <= " + exact(max_leaf_) + " (the largest " +
-            (sizeof(T) == 4 ? "float32" : "float64") + " / (2 * capacity " +
-            std::to_string(capacity_) + "), so the tree's sums stay finite)");
+        throw std::invalid_argument("priority at position " + std::to_string(i) + " is " + what +
+                                    "; priorities must be >= 0 and <= " + exact(max_leaf_) +
+                                    " (the largest " + (sizeof(T) == 4 ? "float32" : "float64") +
+                                    " / (2 * capacity " + std::to_string(capacity_) +
+                                    "), so the tree's sums stay finite)");
       }
     }
   }
@@ -409,8 +406,7 @@ class KaryTree final : public SumTreeBase {
 
   // Applies the batch entries whose leaf lies in [lo, hi), then refreshes
   // their ancestors up to level `max_level`.
-  void update_range(const int64_t* idx, const T* v, int64_t n, int64_t lo, int64_t hi,
-                    int max_level) {
+  void update_range(const int64_t* idx, const T* v, int64_t n, int64_t lo, int64_t hi, int max_level) {
     T* leaves = values_[0].get();
     if (max_level == 0) {  // the leaves are the top group
       for (int64_t i = 0; i < n; ++i)
@@ -485,8 +481,7 @@ class KaryTree final : public SumTreeBase {
   // in-flight descents is taken before the next, and the next group of each is
   // prefetched, so cache misses overlap instead of forming one long chain.
   template <typename MassFn>
-  void run_batched(int64_t n, MassFn mass_of, int64_t* idx_out, float* weight_out,
-                   double beta) const {
+  void run_batched(int64_t n, MassFn mass_of, int64_t* idx_out, float* weight_out, double beta) const {
     const TreeView<T> tree = view();
     const int top = tree.num_levels - 1;
     const double min_value = min();
@@ -494,30 +489,30 @@ class KaryTree final : public SumTreeBase {
     const int threads = n >= kParallelMinSearches ? num_threads() : 1;
     constexpr int64_t kGroupsPerItem = 4;  // work items of 64 descents: few atomic claims
     parallel_for((groups + kGroupsPerItem - 1) / kGroupsPerItem, threads, [&](int64_t item) {
-     for (int64_t c = item * kGroupsPerItem; c < std::min(groups, (item + 1) * kGroupsPerItem); ++c) {
-      const int64_t start = c * kInterleave;
-      const int g = static_cast<int>(std::min<int64_t>(kInterleave, n - start));
-      double m[kInterleave];
-      int64_t node[kInterleave];
-      for (int q = 0; q < g; ++q) {
-        m[q] = mass_of(start + q);
-        node[q] = 0;
-      }
-      for (int l = top; l >= 1; --l) {
+      for (int64_t c = item * kGroupsPerItem; c < std::min(groups, (item + 1) * kGroupsPerItem); ++c) {
+        const int64_t start = c * kInterleave;
+        const int g = static_cast<int>(std::min<int64_t>(kInterleave, n - start));
+        double m[kInterleave];
+        int64_t node[kInterleave];
+        for (int q = 0; q < g; ++q) {
+          m[q] = mass_of(start + q);
+          node[q] = 0;
+        }
+        for (int l = top; l >= 1; --l) {
+          for (int q = 0; q < g; ++q) {
+            const int64_t base = node[q] * K;
+            node[q] = base + choose_in_prefix<K>(tree.prefix[l] + base, m[q]);
+            if (l > 1) prefetch_group(tree.prefix[l - 1] + node[q] * K, K * sizeof(double));
+            else prefetch_group(tree.leaves + node[q] * K, K * sizeof(T));
+          }
+        }
         for (int q = 0; q < g; ++q) {
           const int64_t base = node[q] * K;
-          node[q] = base + choose_in_prefix<K>(tree.prefix[l] + base, m[q]);
-          if (l > 1) prefetch_group(tree.prefix[l - 1] + node[q] * K, K * sizeof(double));
-          else prefetch_group(tree.leaves + node[q] * K, K * sizeof(T));
+          const int64_t leaf = base + choose_child<T, K>(tree.leaves + base, m[q]);
+          idx_out[start + q] = leaf;
+          if (weight_out) weight_out[start + q] = is_weight(tree.leaves[leaf], min_value, beta);
         }
       }
-      for (int q = 0; q < g; ++q) {
-        const int64_t base = node[q] * K;
-        const int64_t leaf = base + choose_child<T, K>(tree.leaves + base, m[q]);
-        idx_out[start + q] = leaf;
-        if (weight_out) weight_out[start + q] = is_weight(tree.leaves[leaf], min_value, beta);
-      }
-     }
     });
   }
 

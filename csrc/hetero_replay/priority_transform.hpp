@@ -17,8 +17,7 @@ namespace hetero_replay {
 // entry is NaN, infinite or negative.
 // Large batches split the powers across `threads`.
 template <typename T>
-double priorities_from_td(const double* td, int64_t n, double alpha, double eps, T* out,
-                          int threads = 1) {
+double priorities_from_td(const double* td, int64_t n, double alpha, double eps, T* out, int threads = 1) {
   for (int64_t i = 0; i < n; ++i) {
     if (!(td[i] >= 0.0) || std::isinf(td[i])) {
       const std::string what = std::isnan(td[i]) ? "nan" : exact(td[i]);

@@ -10,21 +10,21 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
-#include <new>
+#include <vector>
 
 #include <pthread.h>
-#include <vector>
 
 namespace hetero_replay {
 
@@ -116,6 +116,10 @@ class TaskPool {
     new (&p.wake_) std::condition_variable();
     new std::vector<std::thread>(std::move(p.workers_));  // leaked on purpose: never joined
     p.workers_.clear();
+    // A job another thread was running at the fork is not the child's: with
+    // no helpers wanted, a new worker waits for the next published job.
+    p.job_ = Job();
+    p.error_ = nullptr;
   }
 
   ~TaskPool() {
