@@ -39,7 +39,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 from hetero_replay import Field, PrioritizedReplay, Schema
 from hetero_replay.mapping import Mapping, one_policy_mapping
 from hetero_replay.replay import DEFAULT_EPS
-from hetero_replay.torch_replay import TorchBatchReplay, same_device
+from hetero_replay.torch_batches import same_device
 
 #: A buffer sampled this many times in a row without ``update_priorities`` warns once.
 WARN_AFTER_SAMPLES = 100
@@ -330,7 +330,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     @property
     def _device_batches(self) -> bool:
         """Whether the core engine hands out torch tensors on the learner's device."""
-        return isinstance(self._replay, TorchBatchReplay)
+        return self._replay.device is not None
 
     def _make_replay(self, seed: int) -> PrioritizedReplay:
         fields = {(f"obs/{key}" if key else "obs"): f for key, f in self._observation_fields().items()}
@@ -448,10 +448,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             # Row `pos` now holds the next observations of the last row added;
             # until its own add it is not a valid transition: priority 0.
             start = self.pos * self.n_envs
-            self._replay.storage.write(start, {"obs": self._staged["next_obs"][n - self.n_envs : n]})
+            self._replay.write_rows(start, {"obs": self._staged["next_obs"][n - self.n_envs : n]})
             if self.full:
-                slots = np.arange(start, start + self.n_envs, dtype=np.int64)
-                self._replay.tree.update(slots, np.zeros(self.n_envs, self._replay.tree.dtype))
+                self._replay.clear_priorities(np.arange(start, start + self.n_envs, dtype=np.int64))
 
     def size(self) -> int:
         """Rows stored (each of ``n_envs`` transitions), at most ``buffer_size``."""
@@ -501,12 +500,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Device batches gather them where the storage is and deliver them to
         the learner's device, like the rest of the batch.
         """
-        slots = (indices + self.n_envs) % self._replay.capacity
-        obs = self._replay.storage.arrays["obs"]
-        if not self._device_batches:
-            return obs.take(slots, axis=0)
-        obs = th.as_tensor(obs)  # NumPy storage: a view, no copy
-        return obs.index_select(0, slots.to(obs.device)).to(self.device)
+        return self._replay.read_rows("obs", (indices + self.n_envs) % self._replay.capacity)
 
     def update_priorities(self, indices: np.ndarray | th.Tensor, td_errors: th.Tensor | np.ndarray) -> None:
         """Set the priorities of sampled transitions to ``(|td_errors| + eps) ** alpha``.
@@ -601,7 +595,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Current sampling priorities ``p^alpha``, shape ``(buffer_size, n_envs)``."""
         with self._lock:
             self._commit()
-            return self._replay.tree.leaves().reshape(self.buffer_size, self.n_envs)
+            return self._replay.priorities.leaves().reshape(self.buffer_size, self.n_envs)
 
     # -- SB3's array attributes, as views into the core storage ----------------------
 
@@ -613,7 +607,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """
         with self._lock:
             self._commit()
-            arr = self._replay.storage.arrays[name]
+            arr = self._replay.view(name)
             return arr.reshape(self.buffer_size, self.n_envs, *arr.shape[1:])
 
     @property
@@ -660,7 +654,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 # The newest next observations sit in row `pos`, past the
                 # engine's filled part, which is all the engine saves.
                 start = self.pos * self.n_envs
-                state["_newest_next_obs"] = _host_copy(self._replay.storage.arrays["obs"][start : start + self.n_envs])
+                newest = self._replay.read_rows("obs", np.arange(start, start + self.n_envs))
+                state["_newest_next_obs"] = _host_copy(newest)
             return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -671,7 +666,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._replay = replay_class.__new__(replay_class)
         self._replay.__setstate__(replay_state)
         if newest_next_obs is not None:
-            self._replay.storage.write(self.pos * self.n_envs, {"obs": newest_next_obs})
+            self._replay.write_rows(self.pos * self.n_envs, {"obs": newest_next_obs})
         self._stage_new()
         self._lock = threading.RLock()
         _track(self)

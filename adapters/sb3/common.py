@@ -19,7 +19,7 @@ from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule, get
 
 from hetero_replay.adapters.sb3.buffers import DictPrioritizedReplayBuffer, PrioritizedReplayBuffer
 from hetero_replay.mapping import Mapping, one_policy_mapping
-from hetero_replay.torch_replay import TorchBatchReplay, same_device
+from hetero_replay.torch_batches import same_device
 
 #: ``progress_remaining`` (1 at the start of training, 0 at the end) -> beta.
 BetaSchedule = Callable[[float], float]
@@ -160,7 +160,7 @@ class PERMixin:
             _require_priorities(type(self.replay_buffer), type(self).__name__)
             _require_same_env(self.replay_buffer, self, type(self).__name__)
             replay = getattr(self.replay_buffer, "replay", None)
-            if isinstance(replay, TorchBatchReplay) and not same_device(replay.device, self.device):
+            if replay.device is not None and not same_device(replay.device, self.device):
                 raise ValueError(
                     f"the loaded buffer delivers batches to {str(replay.device)!r}, but {type(self).__name__} "
                     f"trains on {str(self.device)!r}; load it into a model with the mapping it was saved with"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from hetero_replay.storage.base import Storage
 from hetero_replay.storage.host import HostStorage
 from hetero_replay.storage.schema import Field, Schema
 
@@ -42,4 +43,4 @@ def make_storage(placement: str, capacity: int, schema: Schema | Mapping[str, An
     return TorchStorage(capacity, schema, device)
 
 
-__all__ = ["HOST", "PINNED", "Field", "HostStorage", "Schema", "make_storage"]
+__all__ = ["HOST", "PINNED", "Field", "HostStorage", "Schema", "Storage", "make_storage"]

@@ -8,12 +8,13 @@ NumPy views of each field.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from hetero_replay._native import RowAccess
-from hetero_replay.storage.schema import Schema
+from hetero_replay.storage.base import check_batch
+from hetero_replay.storage.schema import Field, Schema
 
 
 class HostStorage:
@@ -47,39 +48,18 @@ class HostStorage:
         self._rows = RowAccess(list(self.arrays.values()))
 
     def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
-        """Check a batch against the schema; return ``(rows, arrays)``.
+        """Check a batch holding every field; return ``(rows, arrays)`` in the fields' dtypes.
 
         Every field must be present, shaped ``(rows, *field.shape)`` with the same
         ``rows`` throughout, and of a dtype that casts to the field's within the
         same kind (float64 -> float32 is fine, float -> int is not) without
-        changing a value (see :meth:`Field.cast`). The arrays come back in the
-        fields' dtypes.
+        changing a value (see :meth:`Field.cast`).
         """
-        if not isinstance(batch, Mapping):
-            raise TypeError(f"a batch is a mapping of field name -> array, got {type(batch).__name__}")
-        if batch.keys() != self._name_set:
-            missing = [n for n in self._names if n not in batch]
-            unknown = [n for n in batch if n not in self._name_set]
-            raise ValueError(
-                f"batch fields do not match the schema: missing {missing}, unknown {unknown}; "
-                f"expected {self._names}"
-            )
-        rows = None
-        out: dict[str, np.ndarray] = {}
-        for name, field in self._fields:
-            arr = np.asarray(batch[name])
-            if arr.shape[1:] != field.shape or arr.ndim != len(field.shape) + 1:
-                raise ValueError(f"field {name!r}: expected shape {_fmt(('n', *field.shape))}, got {arr.shape}")
-            arr = field.cast(name, arr)
-            if rows is None:
-                rows = arr.shape[0]
-            elif arr.shape[0] != rows:
-                raise ValueError(f"field {name!r} has {arr.shape[0]} rows but {self._names[0]!r} has {rows}")
-            out[name] = arr
-        assert rows is not None
-        if rows > self.capacity:
-            raise ValueError(f"a batch of {rows} rows does not fit a capacity of {self.capacity}")
-        return rows, out
+        return check_batch(self.schema, self.capacity, batch, True, _to_array)
+
+    def validate_fields(self, fields: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
+        """:meth:`validate` for some of the fields."""
+        return check_batch(self.schema, self.capacity, fields, False, _to_array)
 
     def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
         """Write validated rows at ring positions ``start, start + 1, ...`` (wrapping).
@@ -98,9 +78,27 @@ class HostStorage:
             if head < rows:
                 dst[: rows - head] = arr[head:]
 
-    def gather(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        """Rows at ``indices``, one new contiguous array per field."""
-        return dict(zip(self._names, self._rows.gather(indices)))
+    def gather(self, indices: np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Rows at ``indices``, one new contiguous array per field (or per name in ``fields``)."""
+        if fields is None:
+            return dict(zip(self._names, self._rows.gather(indices)))
+        return {name: self.arrays[name].take(indices, axis=0) for name in fields}
+
+    def export_rows(self, count: int, copy: bool = True) -> dict[str, np.ndarray]:
+        """The first ``count`` rows of every field (views unless ``copy``)."""
+        return {n: (a[:count].copy() if copy else a[:count]) for n, a in self.arrays.items()}
+
+    def import_rows(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Every field's rows from row 0 on (checked by the caller against the schema)."""
+        for name, arr in arrays.items():
+            self.arrays[name][: len(arr)] = arr
+
+    def view(self, name: str) -> np.ndarray:
+        """Field ``name`` over all rows: a live strided view into the records."""
+        return self.arrays[name]
+
+    def close(self) -> None:
+        """Nothing to release: the records are ordinary memory."""
 
 
 def record_layout(schema: Schema) -> tuple[dict[str, int], int]:
@@ -126,5 +124,8 @@ def _contiguous_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...
     return tuple(reversed(strides))
 
 
-def _fmt(shape: tuple[Any, ...]) -> str:
-    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+def _to_array(name: str, field: Field, value: Any) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim == len(field.shape) + 1 and arr.shape[1:] == field.shape:
+        return field.cast(name, arr)
+    return arr  # wrong shape: check_batch says so, naming the field

@@ -14,12 +14,13 @@ tensors.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from hetero_replay.storage.schema import Schema
+from hetero_replay.storage.base import check_batch
+from hetero_replay.storage.schema import Field, Schema
 
 
 def torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -76,46 +77,17 @@ class TorchStorage:
         return torch.zeros(shape, dtype=dtype, device=self.device, pin_memory=self.pin_memory)
 
     def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor | np.ndarray]]:
-        """Check a batch against the schema; return ``(rows, arrays)``.
+        """Check a batch holding every field; return ``(rows, arrays)``.
 
-        The rules of :meth:`HostStorage.validate`: every field present, shaped
-        ``(rows, *field.shape)`` with one ``rows`` throughout, of a dtype that
-        casts to the field's within its kind without changing a value (see
-        :meth:`~hetero_replay.storage.Field.cast`). Fields may be tensors on any
-        device or anything ``np.asarray`` takes.
+        The rules of :meth:`HostStorage.validate`. Fields may be tensors on any
+        device (a narrowing cast is checked there, with one read back) or
+        anything ``np.asarray`` takes.
         """
-        if not isinstance(batch, Mapping):
-            raise TypeError(f"a batch is a mapping of field name -> array, got {type(batch).__name__}")
-        missing = [n for n in self.schema if n not in batch]
-        unknown = [n for n in batch if n not in self.schema]
-        if missing or unknown:
-            raise ValueError(
-                f"batch fields do not match the schema: missing {missing}, unknown {unknown}; "
-                f"expected {list(self.schema)}"
-            )
-        rows = None
-        out: dict[str, torch.Tensor | np.ndarray] = {}
-        for name, field in self.schema.items():
-            arr = batch[name]
-            if not isinstance(arr, torch.Tensor):
-                arr = np.asarray(arr)
-            shape, expected = tuple(arr.shape), ("n", *field.shape)
-            if len(shape) != len(expected) or shape[1:] != field.shape:
-                raise ValueError(f"field {name!r}: expected shape {_fmt(expected)}, got {shape}")
-            if isinstance(arr, torch.Tensor):
-                _check_tensor_cast(name, arr, field.dtype)
-            else:
-                arr = field.cast(name, arr)
-            if rows is None:
-                rows = shape[0]
-            elif shape[0] != rows:
-                first = next(iter(self.schema))
-                raise ValueError(f"field {name!r} has {shape[0]} rows but {first!r} has {rows}")
-            out[name] = arr
-        assert rows is not None
-        if rows > self.capacity:
-            raise ValueError(f"a batch of {rows} rows does not fit a capacity of {self.capacity}")
-        return rows, out
+        return check_batch(self.schema, self.capacity, batch, True, _to_array)
+
+    def validate_fields(self, fields: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor | np.ndarray]]:
+        """:meth:`validate` for some of the fields."""
+        return check_batch(self.schema, self.capacity, fields, False, _to_array)
 
     def write(self, start: int, arrays: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """Write validated rows at ring positions ``start, start + 1, ...`` (wrapping)."""
@@ -129,7 +101,9 @@ class TorchStorage:
             if head < rows:
                 dst[: rows - head] = src[head:]
 
-    def gather(self, indices: Any, device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
+    def gather(
+        self, indices: Any, fields: Sequence[str] | None = None, device: str | torch.device | None = None
+    ) -> dict[str, torch.Tensor]:
         """Rows at ``indices`` (int64, already validated), one new tensor per field.
 
         The rows are gathered where the storage is; with ``device`` they are
@@ -141,7 +115,8 @@ class TorchStorage:
         idx = idx.to(self.device)
         target = self.device if device is None else torch.device(device)
         out = {}
-        for name, arr in self.arrays.items():
+        for name in self.arrays if fields is None else fields:
+            arr = self.arrays[name]
             if self.pin_memory:
                 rows = torch.empty((idx.shape[0], *arr.shape[1:]), dtype=arr.dtype, pin_memory=True)
                 torch.index_select(arr, 0, idx, out=rows)
@@ -150,13 +125,37 @@ class TorchStorage:
             out[name] = rows.to(target, non_blocking=self.pin_memory)
         return out
 
-    def host_rows(self, rows: int) -> dict[str, np.ndarray]:
-        """Copies of the first ``rows`` rows of every field, as NumPy arrays (for checkpoints)."""
-        return {name: arr[:rows].to("cpu", copy=True).numpy() for name, arr in self.arrays.items()}
+    def export_rows(self, count: int, copy: bool = True) -> dict[str, np.ndarray]:
+        """Host copies of the first ``count`` rows of every field (always copies: they leave the device)."""
+        return {name: arr[:count].to("cpu", copy=True).numpy() for name, arr in self.arrays.items()}
+
+    def import_rows(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Every field's rows from row 0 on (checked by the caller against the schema)."""
+        for name, arr in arrays.items():
+            self.arrays[name][: len(arr)] = torch.from_numpy(np.ascontiguousarray(arr)).to(self.arrays[name].device)
+
+    def view(self, name: str) -> torch.Tensor:
+        """Field ``name`` over all rows: the live tensor where the storage is."""
+        return self.arrays[name]
+
+    def close(self) -> None:
+        """Drops the tensors (device memory returns to torch's allocator)."""
+        self.arrays = {}
 
     def __repr__(self) -> str:
         where = "pinned host" if self.pin_memory else str(self.device)
         return f"TorchStorage(capacity={self.capacity}, {where}, schema={self.schema!r})"
+
+
+def _to_array(name: str, field: Field, value: Any) -> torch.Tensor | np.ndarray:
+    if isinstance(value, torch.Tensor):
+        if value.ndim == len(field.shape) + 1 and tuple(value.shape[1:]) == field.shape:
+            _check_tensor_cast(name, value, field.dtype)
+        return value
+    arr = np.asarray(value)
+    if arr.ndim == len(field.shape) + 1 and arr.shape[1:] == field.shape:
+        return field.cast(name, arr)
+    return arr  # wrong shape: check_batch says so, naming the field
 
 
 def _check_tensor_cast(name: str, t: torch.Tensor, dst: np.dtype) -> None:
@@ -182,10 +181,6 @@ def _check_tensor_cast(name: str, t: torch.Tensor, dst: np.dtype) -> None:
         if bool(overflow.any()):
             bad = t[overflow][0].item()
             raise ValueError(f"field {name!r}: value {bad!r} overflows {dst} (largest {np.finfo(dst).max})")
-
-
-def _fmt(shape: tuple[Any, ...]) -> str:
-    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 __all__ = ["TorchStorage", "numpy_dtype", "torch_dtype"]

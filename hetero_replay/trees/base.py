@@ -131,6 +131,29 @@ class SumTree(Protocol):
         """Replace every leaf and rebuild the tree."""
 
 
+@runtime_checkable
+class DeviceTree(SumTree, Protocol):
+    """A tree on a device (torch, cupy) that also takes and gives tensors where it lives."""
+
+    @property
+    def device(self) -> Any: ...
+
+    def sample_tensors(self, batch_size: int, rng: Any, beta: float, stratified: bool = True) -> tuple[Any, Any]:
+        """:meth:`SumTree.sample`, returning ``(indices int64, weights float32)`` on :attr:`device`."""
+        ...
+
+
+@runtime_checkable
+class FusedSampleTree(DeviceTree, Protocol):
+    """A device tree that also gathers the sampled rows of a storage on its device, in one kernel."""
+
+    def sample_rows(
+        self, batch_size: int, rng: Any, beta: float, sources: Any, stratified: bool = True
+    ) -> tuple[Any, Any, dict[str, Any]]:
+        """``(indices, weights, {field: rows})`` for the field arrays ``sources`` on :attr:`device`."""
+        ...
+
+
 class TreeBase:
     """What the Python-side backends share: checked arguments, the level layout
     (the same as the C++ tree's) and the read-only parts of the protocol.

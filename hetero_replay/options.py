@@ -1,0 +1,178 @@
+"""The PER options, written and checked once: :class:`PEROptions`.
+
+The engine, the SB3 buffers and the Tianshou buffers all take these keyword
+arguments (``alpha=...``, ``beta=...``) or a ready :class:`PEROptions`; the
+defaults and their meaning are documented here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hetero_replay import _native
+from hetero_replay.trees.base import FANOUTS
+
+#: Added to every ``|TD error|``. It also floors the smallest priority, and with
+#: it the largest IS weight that normalises all the others: the smaller it is,
+#: the smaller the typical weight (see docs/design-notes.md, "eps").
+DEFAULT_EPS = 1e-6
+
+#: Largest batch one ``sample`` call draws.
+MAX_BATCH = 2**30
+
+
+class _Unset:
+    """The default of a PER keyword argument that was not given (``None`` is a value, and refused)."""
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+UNSET: Any = _Unset()
+
+
+@dataclass(frozen=True)
+class PEROptions:
+    """How prioritized replay samples and weighs: validated on construction, immutable.
+
+    Args:
+        alpha: priority exponent, ``>= 0``; transition ``i`` is drawn with
+            probability ``p_i^alpha / sum p^alpha``; 0 samples uniformly.
+        beta: IS-weight exponent in ``[0, 1]``; 1 corrects the bias fully.
+            Buffers let it be annealed; this is its starting value.
+        eps: ``>= 0``, added to every ``|TD error|``; ``eps ** alpha`` is the
+            smallest priority and must not round to 0 in ``priority_dtype``.
+        tree: sum-tree backend, ``"auto"`` or a registered name
+            (:func:`hetero_replay.registry.backends`).
+        fanout: children per tree node, a power of two in ``FANOUTS``; 16 puts
+            one float32 sibling group in one 64-byte cache line.
+        priority_dtype: ``"float32"`` or ``"float64"`` tree values.
+        stratified: one draw from each of ``batch_size`` equal slices of the
+            priority mass (lower variance); ``False`` draws i.i.d.
+
+    Wrong types raise ``TypeError``, values out of range ``ValueError``, each
+    naming the argument and the value received.
+    """
+
+    alpha: float = 0.6
+    beta: float = 0.4
+    eps: float = DEFAULT_EPS
+    tree: str = "auto"
+    fanout: int = 16
+    priority_dtype: str = "float32"
+    stratified: bool = True
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalised values are set once, here
+        set_(self, "alpha", check_alpha(self.alpha))
+        set_(self, "beta", check_beta(self.beta))
+        set_(self, "eps", check_eps(self.eps))
+        if not isinstance(self.tree, str):
+            raise TypeError(f"tree must be a backend name, got {type(self.tree).__name__} {self.tree!r}")
+        if isinstance(self.fanout, (bool, np.bool_)) or not isinstance(self.fanout, (int, np.integer)):
+            raise TypeError(f"fanout must be an integer, one of {FANOUTS}; got {type(self.fanout).__name__} {self.fanout!r}")
+        if self.fanout not in FANOUTS:
+            raise ValueError(f"fanout must be one of {FANOUTS}; got {self.fanout}")
+        set_(self, "fanout", int(self.fanout))
+        set_(self, "priority_dtype", check_priority_dtype(self.priority_dtype).name)
+        if not isinstance(self.stratified, (bool, np.bool_)):
+            raise TypeError(f"stratified must be True or False, got {type(self.stratified).__name__} {self.stratified!r}")
+        set_(self, "stratified", bool(self.stratified))
+        check_floor(self.alpha, self.eps, np.dtype(self.priority_dtype))
+
+    def replace(self, **changes: Any) -> "PEROptions":
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def of(cls, options: "PEROptions | None" = None, **changes: Any) -> "PEROptions":
+        """``options`` (default: the defaults) with the keyword arguments given (not :data:`UNSET`).
+
+        How buffers take ``alpha=...`` etc. and an ``options=`` object at once.
+        """
+        if options is not None and not isinstance(options, PEROptions):
+            raise TypeError(f"options must be a PEROptions, got {type(options).__name__}")
+        base = options if options is not None else cls()
+        given = {k: v for k, v in changes.items() if v is not UNSET}
+        return base.replace(**given) if given else base
+
+
+# -- checks, shared by the options and the setters that change them later ------------------
+
+
+def real(name: str, value: Any) -> float:
+    """``value`` as a finite float, or ``TypeError``/``ValueError`` naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def check_alpha(value: Any) -> float:
+    alpha = real("alpha", value)
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {value!r}")
+    return alpha
+
+
+def check_beta(value: Any) -> float:
+    beta = real("beta", value)
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {value!r}")
+    return beta
+
+
+def check_eps(value: Any) -> float:
+    eps = real("eps", value)
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {value!r}")
+    return eps
+
+
+def check_priority_dtype(value: Any) -> np.dtype:
+    if value is None:  # np.dtype(None) would silently mean float64
+        raise TypeError("priority dtype must be 'float32' or 'float64', got None")
+    try:
+        dtype = np.dtype(value)
+    except TypeError as e:
+        raise TypeError(f"priority dtype must be 'float32' or 'float64', got {value!r}") from e
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"priority dtype must be float32 or float64, got {dtype}")
+    return dtype
+
+
+def check_floor(alpha: float, eps: float, dtype: np.dtype) -> None:
+    """Refuses ``(alpha, eps)`` whose smallest priority ``eps ** alpha`` rounds to 0 in ``dtype``:
+    a transition with TD error 0 would then never be sampled again."""
+    (floor,), _ = _native.td_priorities(np.zeros(1), alpha, eps, dtype)  # the trees' own arithmetic
+    if eps > 0 and floor == 0:
+        raise ValueError(
+            f"eps ** alpha = {eps!r} ** {alpha!r} underflows to 0 in {dtype}: a transition whose TD error "
+            f"is 0 could never be sampled again; raise eps or lower alpha"
+        )
+
+
+def check_batch_size(value: Any) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"batch_size must be an integer, got {type(value).__name__} {value!r}")
+    if not 1 <= value <= MAX_BATCH:
+        raise ValueError(f"batch_size must be in [1, 2**30], got {value}")
+    return int(value)
+
+
+def check_seed(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"seed must be a non-negative integer or None, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"seed must be a non-negative integer or None, got {value}")
+    return int(value)
+
+
+__all__ = ["DEFAULT_EPS", "MAX_BATCH", "UNSET", "PEROptions"]

@@ -1,0 +1,191 @@
+"""The PER rules, once: :class:`Priorities` over a sum tree.
+
+Prioritized experience replay (Schaul et al., 2016) draws transition ``i``
+with probability ``P(i) = p_i^alpha / sum_k p_k^alpha``, where
+``p_i = |TD error_i| + eps``, and corrects the bias with importance-sampling
+weights ``w_i = (N P(i))^-beta / max_j w_j``. Here the maximum is taken over
+the whole buffer (from the tree's exact minimum), not over the batch, so a
+weight means the same thing from batch to batch; ``normalise="batch"`` gives
+the batch-maximum variant some libraries use (Tianshou's ``weight_norm``).
+
+:class:`Priorities` knows nothing of where transitions live: the engine's
+:class:`~hetero_replay.replay.PrioritizedReplay` pairs it with a storage, and
+the Tianshou adapter pairs it with Tianshou's own storage. It holds no lock:
+its owner serialises calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+from hetero_replay.options import PEROptions, check_alpha, check_batch_size, check_beta, check_eps, check_floor
+from hetero_replay.trees import SumTree, make_tree
+from hetero_replay.trees.base import describe_max_leaf
+
+Normalise = Literal["global", "batch"]
+
+
+class Priorities:
+    """Priorities of ``capacity`` slots, with alpha, beta, eps and the running max priority.
+
+    Args:
+        capacity: number of slots (transitions) that can hold a priority.
+        options: the PER options (:class:`~hetero_replay.options.PEROptions`).
+        tree_device: where a device tree lives (``options.tree`` ``"torch"``:
+            any torch device; ``"cupy"``: a CUDA device); ``None`` for CPU trees.
+
+    A slot's priority is ``(|td| + eps) ** alpha``; new transitions get
+    ``max_priority ** alpha``, the largest ``|td| + eps`` seen so far (1 at
+    first), so each is drawn soon. Every call validates all its input before
+    anything changes.
+    """
+
+    def __init__(self, capacity: int, options: PEROptions | None = None, tree_device: Any = None) -> None:
+        self.options = options if options is not None else PEROptions()
+        o = self.options
+        self.tree: SumTree = make_tree(o.tree, capacity, o.fanout, o.priority_dtype, device=tree_device)
+        self._alpha, self._beta, self._eps = o.alpha, o.beta, o.eps
+        self.stratified = o.stratified
+        self._max_priority = 1.0
+
+    # -- hyper-parameters --------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self.tree.capacity
+
+    @property
+    def alpha(self) -> float:
+        """Priority exponent. Changing it shapes only priorities written from now on."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        alpha = check_alpha(value)
+        check_floor(alpha, self._eps, self.tree.dtype)
+        self._alpha = alpha
+
+    @property
+    def eps(self) -> float:
+        """Added to every ``|TD error|``; ``eps ** alpha`` is the smallest priority."""
+        return self._eps
+
+    @eps.setter
+    def eps(self, value: float) -> None:
+        eps = check_eps(value)
+        check_floor(self._alpha, eps, self.tree.dtype)
+        self._eps = eps
+
+    @property
+    def beta(self) -> float:
+        """IS-weight exponent in ``[0, 1]`` used when :meth:`sample` is given none."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._beta = check_beta(value)
+
+    @property
+    def max_priority(self) -> float:
+        """Largest ``|TD error| + eps`` seen so far (starts at 1)."""
+        return self._max_priority
+
+    # -- the PER operations ----------------------------------------------------------
+
+    def new_priority(self) -> Any:
+        """``max_priority ** alpha`` in the tree's dtype; ``ValueError`` if the tree cannot hold it."""
+        with np.errstate(over="ignore"):
+            priority = self.tree.dtype.type(self._max_priority**self._alpha)
+        if not priority <= self.tree.max_leaf:
+            raise ValueError(
+                f"the priority of new transitions, max_priority ** alpha = {self._max_priority!r} ** "
+                f"{self._alpha!r} = {priority}, exceeds the largest priority this tree can sum, "
+                f"{describe_max_leaf(self.tree.dtype, self.capacity)}; lower alpha"
+            )
+        return priority
+
+    def assign_new(self, indices: Any, priority: Any = None) -> None:
+        """Give new transitions at ``indices`` the priority :meth:`new_priority` (checked first)."""
+        value = self.new_priority() if priority is None else priority
+        self.tree.update(indices, np.full(len(indices), value, self.tree.dtype))
+
+    def clear(self, indices: Any) -> None:
+        """Priority 0 at ``indices``: those slots are never drawn until written again."""
+        self.tree.update(indices, np.zeros(len(indices), self.tree.dtype))
+
+    def update(self, indices: Any, td_errors: Any, limit: int | None = None) -> None:
+        """Set priorities from ``|TD errors|``: ``(|td| + eps) ** alpha``.
+
+        Indices must lie in ``[0, limit)`` (default: all slots). A NaN,
+        infinite or negative TD error, or one whose priority the tree cannot
+        sum, raises ``ValueError`` naming its position; a bad index
+        ``IndexError``; nothing changes on error.
+        """
+        max_raw = self.tree.update_td(indices, td_errors, self._alpha, self._eps, limit)
+        if max_raw > self._max_priority:
+            self._max_priority = max_raw
+
+    def sample(
+        self,
+        batch_size: Any,
+        rng: Any,
+        beta: float | None = None,
+        normalise: Normalise = "global",
+    ) -> tuple[Any, Any]:
+        """Draw ``batch_size`` slots with probability ``P(i)``; returns ``(indices, IS weights)``.
+
+        ``beta`` defaults to :attr:`beta`. Weights are normalised by the
+        largest weight in the buffer (``"global"``) or in the batch
+        (``"batch"``). Arguments are checked before the generator ``rng`` is
+        touched: a refused call leaves it as it was.
+        """
+        n = check_batch_size(batch_size)
+        b = self._beta if beta is None else check_beta(beta)
+        if normalise not in ("global", "batch"):
+            raise ValueError(f"normalise must be 'global' or 'batch', got {normalise!r}")
+        if not self.tree.total() > 0:
+            raise ValueError("no transition can be drawn: every priority is 0 (or nothing was added)")
+        return self.draw(n, rng, b, normalise)
+
+    def draw(self, batch_size: int, rng: Any, beta: float, normalise: Normalise = "global") -> tuple[Any, Any]:
+        """:meth:`sample` with arguments already checked (for owners that checked them)."""
+        indices, weights = self.tree.sample(batch_size, rng, beta, self.stratified)
+        if normalise == "batch":
+            weights = weights / weights.max()
+        return indices, weights
+
+    # -- state -------------------------------------------------------------------------
+
+    def leaves(self) -> np.ndarray:
+        """A copy of every slot's priority ``p ** alpha``."""
+        return self.tree.leaves()
+
+    def load(self, leaves: Any, max_priority: Any) -> None:
+        """Replace every priority and the max priority, all checked before anything changes."""
+        if isinstance(max_priority, bool) or not isinstance(max_priority, (int, float, np.integer, np.floating)):
+            raise TypeError(f"max_priority must be a number, got {type(max_priority).__name__}")
+        if not (np.isfinite(max_priority) and max_priority > 0):
+            raise ValueError(f"max_priority must be finite and > 0, got {max_priority!r}")
+        old = self._max_priority
+        self._max_priority = float(max_priority)
+        try:
+            self.new_priority()  # refuses a max priority whose alpha power the tree cannot hold
+        except ValueError:
+            self._max_priority = old
+            raise
+        try:
+            self.tree.load_leaves(leaves)
+        except (TypeError, ValueError):
+            self._max_priority = old
+            raise
+
+    def __repr__(self) -> str:
+        return (
+            f"Priorities(capacity={self.capacity}, alpha={self._alpha}, beta={self._beta}, eps={self._eps}, "
+            f"tree={type(self.tree).__name__})"
+        )
+
+
+__all__ = ["Normalise", "Priorities"]

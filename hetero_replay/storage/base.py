@@ -1,0 +1,107 @@
+"""The storage protocol: where the rows of transitions live.
+
+A storage only stores: it validates batches against its schema, writes rows at
+ring positions its owner chooses, gathers rows by index, and exports and
+imports rows for checkpoints. The write position, the priorities and the lock
+are the owner's (:class:`~hetero_replay.replay.PrioritizedReplay`). Host,
+torch-device and pinned storages implement it here; shared-memory, file-backed
+and remote storages plug in through :func:`hetero_replay.registry.register_storage`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+from hetero_replay.storage.schema import Field, Schema
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """Fixed-capacity rows of a :class:`Schema`, written as a ring, read by index."""
+
+    capacity: int
+    schema: Schema
+
+    def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Check a batch holding every field; return ``(rows, arrays)`` in the fields' dtypes.
+
+        Raises ``TypeError``/``ValueError`` naming the field, the expected and
+        the received shape or dtype, or the value a cast would change.
+        """
+
+    def validate_fields(self, fields: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+        """:meth:`validate` for a subset of the fields (each must be in the schema)."""
+
+    def write(self, start: int, arrays: Mapping[str, Any]) -> None:
+        """Write validated rows (all fields or some) at ring positions ``start, start + 1, ...``."""
+
+    def gather(self, indices: Any, fields: Sequence[str] | None = None) -> dict[str, Any]:
+        """Rows at ``indices`` (int64, already checked) of every field, or of ``fields``."""
+
+    def export_rows(self, count: int, copy: bool = True) -> dict[str, Any]:
+        """The first ``count`` rows of every field as host NumPy arrays (for checkpoints).
+
+        ``copy=False`` may return views (the caller holds the owner's lock while using them).
+        """
+
+    def import_rows(self, arrays: Mapping[str, Any]) -> None:
+        """Write host arrays (one per field, same row count) from row 0 on (checkpoint restore)."""
+
+    def view(self, name: str) -> Any:
+        """A live array view of field ``name`` over all rows; ``NotImplementedError`` where there is none."""
+
+    def close(self) -> None:
+        """Release what the storage holds (files, shared memory, device memory)."""
+
+
+def check_batch(
+    schema: Schema,
+    capacity: int,
+    batch: Any,
+    every_field: bool,
+    convert: Callable[[str, Field, Any], Any],
+) -> tuple[int, dict[str, Any]]:
+    """The checks every storage makes of a batch; returns ``(rows, arrays)``.
+
+    ``batch`` must be a mapping holding every field of ``schema`` (or, unless
+    ``every_field``, some of them and nothing else), each shaped
+    ``(rows, *field.shape)`` with one ``rows`` throughout, ``rows <=
+    capacity``. ``convert(name, field, value)`` turns a value into the
+    storage's array type in the field's dtype (refusing casts that change
+    values, see :meth:`Field.cast`).
+    """
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"a batch is a mapping of field name -> array, got {type(batch).__name__}")
+    names = list(schema)
+    unknown = [n for n in batch if n not in schema]
+    missing = [n for n in names if n not in batch] if every_field else []
+    if unknown or missing or not batch:
+        raise ValueError(
+            f"batch fields do not match the schema: missing {missing}, unknown {unknown}; expected "
+            + (f"{names}" if every_field else f"some of {names}")
+        )
+    rows, first = None, None
+    out: dict[str, Any] = {}
+    for name, field in schema.items():
+        if name not in batch:
+            continue
+        arr = convert(name, field, batch[name])
+        shape = tuple(arr.shape)
+        if len(shape) != len(field.shape) + 1 or shape[1:] != field.shape:
+            raise ValueError(f"field {name!r}: expected shape {_fmt(('n', *field.shape))}, got {shape}")
+        if rows is None:
+            rows, first = shape[0], name
+        elif shape[0] != rows:
+            raise ValueError(f"field {name!r} has {shape[0]} rows but {first!r} has {rows}")
+        out[name] = arr
+    assert rows is not None
+    if rows > capacity:
+        raise ValueError(f"a batch of {rows} rows does not fit a capacity of {capacity}")
+    return rows, out
+
+
+def _fmt(shape: tuple[Any, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+__all__ = ["Storage", "check_batch"]
