@@ -34,3 +34,11 @@ def make_batch(n: int, start: int = 0) -> dict[str, np.ndarray]:
 @pytest.fixture(params=CPU_BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "learning: trains an agent and asserts that it learned (seconds to a minute of one core; "
+        "deselect with -m 'not learning')",
+    )
