@@ -12,8 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from hetero_replay.cli import main
-from hetero_replay.compare import RunResult, RunSpec, driver, report
+from hetero_replay.apps.cli import main
+from hetero_replay.apps.compare import RunResult, RunSpec, driver, report
 
 pytest.importorskip("stable_baselines3")
 
@@ -98,7 +98,7 @@ def test_report_files(tmp_path) -> None:
 
 
 def test_sb3_runs_are_deterministic_given_the_seed() -> None:
-    from hetero_replay.compare.base import runner_for
+    from hetero_replay.apps.compare.base import runner_for
 
     spec = RunSpec("sb3", "dqn", "CartPole-v1", "per", seed=3, **TINY)
     steps: list[int] = []

@@ -26,7 +26,7 @@ from hetero_replay.adapters.tianshou import (  # noqa: E402
     LinearBetaSchedule,
     PEROffPolicyWrapper,
 )
-from hetero_replay.compare.tianshou_runs import HYPERPARAMS, make_algorithm  # noqa: E402
+from hetero_replay.apps.compare.tianshou_runs import HYPERPARAMS, make_algorithm  # noqa: E402
 from hetero_replay.mapping import DeviceUnavailableError, Mapping  # noqa: E402
 from hetero_replay.trees.native_tree import NativeSumTree  # noqa: E402
 from hetero_replay.trees.torch_tree import TorchSumTree  # noqa: E402

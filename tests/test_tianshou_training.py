@@ -26,9 +26,9 @@ from hetero_replay.adapters.tianshou import (  # noqa: E402
     LinearBetaSchedule,
     PEROffPolicyWrapper,
 )
-from hetero_replay.cli import main  # noqa: E402
-from hetero_replay.compare import RunSpec, driver, runner_for  # noqa: E402
-from hetero_replay.compare.tianshou_runs import HYPERPARAMS, make_algorithm  # noqa: E402
+from hetero_replay.apps.cli import main  # noqa: E402
+from hetero_replay.apps.compare import RunSpec, driver, runner_for  # noqa: E402
+from hetero_replay.apps.compare.tianshou_runs import HYPERPARAMS, make_algorithm  # noqa: E402
 
 
 def train(algo: str, env_id: str, steps: int, logger: TensorboardLogger | None = None):

@@ -217,6 +217,43 @@ def test_constructor_rejects_what_it_cannot_guarantee() -> None:
         PEROffPolicyWrapper(wrapped_algorithm=dqn(), beta="high")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("beta", "error", "match"),
+    [
+        (True, TypeError, "beta must be a real number in \\[0, 1\\], got bool True"),
+        (lambda update: "0.5", TypeError, "beta must be a real number.*got str '0.5'"),
+        (lambda update: None, TypeError, "beta.*NoneType"),
+        (float("nan"), ValueError, "beta.*nan"),
+    ],
+)
+def test_wrapper_beta_errors_name_the_type_and_value(beta, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        PEROffPolicyWrapper(wrapped_algorithm=dqn(), beta=beta)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(initial=True), TypeError, "initial must be a real number in \\[0, 1\\], got bool"),
+        (dict(final="1.0"), TypeError, "final.*str"),
+        (dict(final=float("nan")), ValueError, "final"),
+        (dict(num_updates=True), TypeError, "num_updates must be an integer, got bool"),
+        (dict(num_updates=10.0), TypeError, "num_updates must be an integer, got float"),
+    ],
+)
+def test_linear_beta_schedule_errors_name_the_argument(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        LinearBetaSchedule(**kwargs)
+
+
+def test_linear_beta_schedule_takes_integer_update_indices_only() -> None:
+    schedule = LinearBetaSchedule(initial=0.4, final=1.0, num_updates=100)
+    assert schedule(np.int64(50)) == pytest.approx(0.7)
+    for update in (1.5, "3", True):
+        with pytest.raises(TypeError, match="update index must be an integer"):
+            schedule(update)
+
+
 def test_update_rejects_a_uniform_buffer() -> None:
     algorithm = PEROffPolicyWrapper(wrapped_algorithm=dqn(), beta=0.4)
     buf = filled(algorithm, buffer=VectorReplayBuffer(1000, 2))

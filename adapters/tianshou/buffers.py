@@ -11,17 +11,26 @@ K-ary tree by default). What changes compared with Tianshou's buffers:
   mass) and uses the buffer's own seeded ``numpy.random.Generator``
   (``random_seed``), not the global ``np.random``.
 * **IS weights** are ``(N P(i))^-beta`` normalised by their maximum over the whole
-  buffer (from the tree's exact minimum), not by the batch maximum; Tianshou's
-  ``weight_norm`` option does not exist here.
+  buffer (from the tree's exact minimum) by default, so they mean the same from
+  batch to batch; ``weight_norm=True`` divides them by the batch maximum instead,
+  as Tianshou's default does (its Rainbow example relies on it).
+* **``weight``** is a view of the priorities ``p_i ** alpha`` indexed like
+  Tianshou's ``SegmentTree`` (``buf.weight[i]``), not a second tree.
 * **``set_beta``** reaches sampling, also on the vector buffer.
 * **``add``** of the vector buffer is vectorised across environments: the
   sub-buffers' insertion and episode state lives in arrays (one entry per
   environment) that one set of NumPy operations updates, where Tianshou steps
   through the environments in Python; the new transitions' priorities are one
   tree call. No throw-away numba ``SegmentTree`` is built.
-* **``update_weight``** (Tianshou's priority feedback) rejects NaN/inf TD errors and
-  indices of empty slots with a clear error, changing nothing.
+* **A refused call changes nothing.** ``add`` checks every value against the
+  storage (:mod:`~hetero_replay.adapters.tianshou.staging`) before it writes a
+  row or moves a counter, where Tianshou's leaves a slot holding fields of two
+  transitions; bad TD errors, batch sizes, indices and hyper-parameters raise
+  ``TypeError``/``ValueError``/``IndexError`` naming the argument, what was
+  expected and what was received.
 * **``reset``** clears the priorities, so cleared slots are never sampled.
+* **Thread safety**: every public operation holds the buffer's re-entrant lock
+  (:attr:`~_TreePriorities.lock`); see the class docstrings.
 * Tianshou calls some buffer methods on every step; here they give the same
   results without its Python loops: ``hasnull`` (after each collect) checks the
   stored rows in place instead of copying the whole buffer with IS weights,
@@ -29,8 +38,8 @@ K-ary tree by default). What changes compared with Tianshou's buffers:
   rows are gathered straight from storage, one array at a time, when no frame
   stacking is involved.
 
-Both survive ``pickle`` and ``save_hdf5``/``load_hdf5`` (the tree pickles, with
-its device).
+Both survive ``pickle``, ``copy.deepcopy`` and ``save_hdf5``/``load_hdf5`` (the
+tree pickles, with its device; the lock does not: a copy gets a fresh one).
 
 Placement: ``mapping=`` (a :class:`hetero_replay.mapping.Mapping`) puts the tree
 where the mapping's ``sample``/``update`` primitives run, with its backend
@@ -52,10 +61,16 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
+import os
+import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any, cast
 
+import h5py
 import numpy as np
 import pandas as pd
 import torch
@@ -68,8 +83,10 @@ from tianshou.data import (
 )
 from tianshou.data.batch import IndexType
 from tianshou.data.types import PrioBatchProtocol, RolloutBatchProtocol
+from tianshou.data.utils.converter import to_hdf5
 
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer, add_rows, storable
+from hetero_replay.adapters.tianshou.staging import commit, stage
 from hetero_replay.mapping import HOST, Mapping
 from hetero_replay.replay import DEFAULT_EPS
 from hetero_replay.trees import SumTree, make_tree
@@ -81,32 +98,203 @@ _ROW_KEYS = frozenset(ReplayBuffer._reserved_keys)
 #: ReplayBuffer options these buffers pass on to Tianshou's storage.
 _STORAGE_OPTIONS = ("stack_num", "ignore_obs_next", "save_only_last_obs")
 
+# -- locks and fork -------------------------------------------------------------------------
 
-def _check_storage_options(kwargs: dict[str, Any]) -> None:
-    """Reject options Tianshou would silently swallow (its ``**kwargs`` ignores typos)."""
-    if "weight_norm" in kwargs:
-        raise TypeError(
-            "weight_norm is not supported: IS weights are always normalised by their maximum "
-            "over the whole buffer (Tianshou's weight_norm=True divides by the batch maximum)"
-        )
+#: Every live buffer, for the fork handlers.
+_LIVE: weakref.WeakSet[_TreePriorities] = weakref.WeakSet()
+#: The buffers whose locks ``_before_fork`` took, released or replaced after the fork.
+_HELD_FOR_FORK: list[_TreePriorities] = []
+
+
+def _before_fork() -> None:
+    """Take every buffer's lock, in one global order (by ``id``, as :func:`_holding`), before a fork.
+
+    A lock another thread holds at the fork would stay held forever in the child
+    (that thread does not exist there), and its buffer could be half-written.
+    Waiting for every lock means no thread is inside a buffer call when the
+    child copies the memory.
+    """
+    held = sorted(_LIVE, key=id)
+    for buf in held:
+        buf._lock.acquire()
+    _HELD_FOR_FORK[:] = held
+
+
+def _after_fork_in_parent() -> None:
+    for buf in reversed(_HELD_FOR_FORK):
+        buf._lock.release()
+    _HELD_FOR_FORK.clear()
+
+
+def _after_fork_in_child() -> None:
+    # The child's copies of the locks are held by the fork handler; the child has only this thread.
+    for buf in _HELD_FOR_FORK:
+        buf._lock = threading.RLock()
+    _HELD_FOR_FORK.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+
+
+@contextlib.contextmanager
+def _holding(*buffers: Any) -> Iterator[None]:
+    """Hold the locks of those ``buffers`` that have one, taken in the fork handler's order (no deadlock)."""
+    with contextlib.ExitStack() as stack:
+        for buf in sorted({id(b): b for b in buffers if isinstance(b, _TreePriorities)}.values(), key=id):
+            stack.enter_context(buf._lock)
+        yield
+
+
+# -- argument checks ------------------------------------------------------------------------
+
+
+def _real(value: Any, name: str) -> float:
+    """``value`` as a float; ``TypeError`` naming ``name`` unless it is a real number (a bool is not)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _count(value: Any, name: str) -> int:
+    """``value`` as a positive int; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _check_beta(value: Any) -> float:
+    beta = _real(value, "beta")
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must lie in [0, 1], got {value!r}")
+    return beta
+
+
+def _check_arguments(alpha: Any, beta: Any, eps: Any, flags: dict[str, Any], random_seed: Any, kwargs: dict[str, Any]) -> None:
+    """Check the constructor arguments both buffers share, before anything is built.
+
+    ``flags`` are the boolean arguments by name; ``kwargs`` the Tianshou storage
+    options, which Tianshou's ``**kwargs`` would swallow unchecked (typos included).
+    """
+    if not (math.isfinite(_real(alpha, "alpha")) and alpha >= 0):
+        raise ValueError(f"alpha must be finite and >= 0, got {alpha!r}")
+    _check_beta(beta)
+    if not (math.isfinite(_real(eps, "eps")) and eps > 0):
+        raise ValueError(f"eps must be finite and > 0 (so no stored transition has priority 0), got {eps!r}")
+    for name, value in flags.items():
+        _flag(value, name)
+    if random_seed is not None and (isinstance(random_seed, (bool, np.bool_)) or not isinstance(random_seed, (int, np.integer))):
+        raise TypeError(f"random_seed must be an integer or None, got {type(random_seed).__name__} {random_seed!r}")
+    unknown = sorted(set(kwargs) - set(_STORAGE_OPTIONS) - {"sample_avail"})
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {unknown}; storage options are {_STORAGE_OPTIONS}")
+    _count(kwargs.get("stack_num", 1), "stack_num")
+    for name in ("ignore_obs_next", "save_only_last_obs", "sample_avail"):
+        _flag(kwargs.get(name, False), name)
     if kwargs.get("sample_avail", False):
         raise ValueError(
             "sample_avail=True is not supported: prioritized sampling draws from every stored "
             "transition (Tianshou's PrioritizedReplayBuffer ignores it as well)"
         )
-    unknown = sorted(set(kwargs) - set(_STORAGE_OPTIONS) - {"sample_avail"})
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s) {unknown}; storage options are {_STORAGE_OPTIONS}")
+
+
+def _check_batch_size(batch_size: Any) -> None:
+    if batch_size is not None and (isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer))):
+        raise TypeError(f"batch_size must be an integer or None, got {type(batch_size).__name__} {batch_size!r}")
+
+
+def _td_magnitudes(td_errors: Any) -> np.ndarray:
+    """``|td_errors|`` as a flat float64 array; ``TypeError`` unless they are real numbers."""
+    errors = np.asarray(td_errors)
+    if errors.dtype.kind not in "iuf":  # bools, text, objects, complex numbers
+        raise TypeError(f"new_weight (TD errors) must be real numbers, got {errors.dtype} values")
+    return np.abs(errors.astype(np.float64, copy=False)).ravel()
+
+
+def _as_indices(index: Any, name: str = "index") -> np.ndarray:
+    """``index`` as int64 buffer indices; ``TypeError`` for anything but integers (a boolean mask included)."""
+    idx = np.asarray(index)
+    if idx.dtype.kind == "b":
+        raise TypeError(f"{name} must be integer indices, got a boolean mask (pass np.flatnonzero(mask))")
+    if idx.size and idx.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integer indices, got {idx.dtype} values")
+    return idx.astype(np.int64, copy=False)
+
+
+class PriorityWeights:
+    """``buffer.weight``: the priorities ``p_i ** alpha``, indexed like Tianshou's ``SegmentTree``.
+
+    Tianshou's ``PrioritizedReplayBuffer.weight`` is its segment tree of
+    priorities, and Tianshou's tests and user code read ``buf.weight[i]``. This
+    view reads and writes the same values in the buffer's sum tree, under the
+    buffer's lock: ``weight[i]`` gives a float, ``weight[indices]`` a float64
+    array; ``weight[indices] = values`` sets priorities (already raised to
+    alpha) of stored transitions directly, where ``update_weight`` sets them
+    from TD errors; ``reduce(start, end)`` sums them; ``len`` is the capacity.
+    """
+
+    def __init__(self, buffer: _TreePriorities) -> None:
+        self._buffer = buffer
+
+    def __len__(self) -> int:
+        return self._buffer.priority_tree.capacity
+
+    def __getitem__(self, index: Any) -> float | np.ndarray:
+        """Priorities at ``index`` (``IndexError`` outside ``[0, capacity)``; empty slots hold 0)."""
+        idx = _as_indices(index)
+        with self._buffer.lock:
+            values = self._buffer.priority_tree.get(idx.reshape(-1)).astype(np.float64)
+        return float(values[0]) if idx.ndim == 0 else values.reshape(idx.shape)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """Set priorities of stored transitions; nothing changes if any index or value is refused.
+
+        Raises:
+            TypeError: non-integer indices, or values that are not real numbers.
+            IndexError: an index that holds no stored transition.
+            ValueError: a value that is not positive and finite in the tree's
+                dtype (a stored transition needs a positive priority), or more
+                values than indices.
+        """
+        idx = _as_indices(index).reshape(-1)
+        values = np.asarray(value)
+        if values.dtype.kind not in "iuf":
+            raise TypeError(f"weight values must be real numbers, got {values.dtype} values")
+        tree = self._buffer.priority_tree
+        with np.errstate(over="ignore"):  # a value too large for the tree's dtype becomes inf, refused below
+            values = values.astype(tree.dtype)
+        if values.size not in (1, idx.size):
+            raise ValueError(f"{values.size} weight values for {idx.size} indices")
+        if not np.all(np.isfinite(values) & (values > 0)):
+            raise ValueError(f"weight values must be positive and finite as {tree.dtype}, got {value!r}")
+        with self._buffer.lock:
+            self._buffer._stored_leaves(idx)
+            tree.update(idx, np.broadcast_to(values.reshape(-1), idx.shape).copy())
+
+    def reduce(self, start: int = 0, end: int | None = None) -> float:
+        """Sum of the priorities in ``[start, end)`` (Python slice bounds; all by default)."""
+        with self._buffer.lock:
+            if start == 0 and end is None:
+                return self._buffer.priority_tree.total()
+            leaves = self._buffer.priority_tree.leaves()
+        return float(leaves[start:end].astype(np.float64).sum())
 
 
 class _TreePriorities:
-    """The priority half of both buffers: a sum tree, alpha/beta/eps and the max priority.
+    """The priority half of both buffers: a sum tree, alpha/beta/eps, the max priority and the lock.
 
     Placed first in the bases so it replaces Tianshou's ``SegmentTree`` methods
     (``init_weight``, ``sample_indices``, ``get_weight``, ``update_weight``,
-    ``__getitem__``, ``set_beta``) for both the single and the vector buffer.
-    ``PrioritizedReplayBuffer.add``/``update`` call :meth:`init_weight` once with
-    all new indices, so priorities of a multi-env ``add`` are one tree call.
+    ``__getitem__``, ``set_beta``) for both the single and the vector buffer,
+    and wraps the inherited public methods in the buffer's lock.
     """
 
     priority_tree: SumTree
@@ -115,8 +303,10 @@ class _TreePriorities:
     _beta: float
     _eps: float
     _stratified: bool
+    _weight_norm: bool
     _rng: np.random.Generator
     _max_prio: float
+    _lock: threading.RLock
 
     def _init_priorities(
         self,
@@ -127,13 +317,11 @@ class _TreePriorities:
         backend: str,
         fanout: int,
         stratified: bool,
+        weight_norm: bool,
         random_seed: int | None,
         mapping: Mapping | None,
     ) -> None:
-        if not (math.isfinite(alpha) and alpha >= 0):
-            raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
-        if not (math.isfinite(eps) and eps > 0):
-            raise ValueError(f"eps must be finite and > 0 (so no stored transition has priority 0), got {eps}")
+        """Build the tree and the priority state from arguments :func:`_check_arguments` accepted."""
         tree_device = None
         if mapping is not None:
             mapping = _checked_mapping(mapping, backend)
@@ -145,11 +333,13 @@ class _TreePriorities:
             raise ValueError(f"eps ** alpha = {eps} ** {alpha} underflows to 0; stored transitions need a positive priority")
         self._alpha, self._eps = float(alpha), float(eps)
         self._beta = _check_beta(beta)
-        self._stratified = bool(stratified)
+        self._stratified, self._weight_norm = bool(stratified), bool(weight_norm)
         self._rng = np.random.default_rng(random_seed)
         self._max_prio = 1.0  # largest |TD error| + eps so far; new transitions get its alpha power
+        self._lock = threading.RLock()
+        _LIVE.add(self)
 
-    # -- hyper-parameters ----------------------------------------------------------
+    # -- hyper-parameters and views ---------------------------------------------------------
 
     @property
     def alpha(self) -> float:
@@ -166,82 +356,141 @@ class _TreePriorities:
         """Largest ``|TD error| + eps`` fed back so far (1 at the start)."""
         return self._max_prio
 
-    def set_beta(self, beta: float) -> None:
-        """Set the IS-weight exponent used by every following ``sample``; ``ValueError`` outside [0, 1]."""
-        self._beta = _check_beta(beta)
+    @property
+    def weight(self) -> PriorityWeights:
+        """The priorities ``p_i ** alpha``, indexed like Tianshou's ``SegmentTree`` (``buf.weight[i]``)."""
+        return PriorityWeights(self)
 
-    # -- Tianshou's PrioritizedReplayBuffer interface --------------------------------
+    @property
+    def lock(self) -> threading.RLock:
+        """The buffer's re-entrant lock, held by every public method; hold it to make several calls atomic.
+
+        Holding it while calling into another of these buffers can deadlock a
+        concurrent ``fork``, which takes all their locks in ``id`` order.
+        """
+        return self._lock
+
+    def set_beta(self, beta: float) -> None:
+        """Set the IS-weight exponent used by every following ``sample``.
+
+        Raises ``TypeError`` unless ``beta`` is a real number, ``ValueError`` outside [0, 1].
+        """
+        beta = _check_beta(beta)
+        with self._lock:
+            self._beta = beta
+
+    # -- Tianshou's PrioritizedReplayBuffer interface ---------------------------------------
 
     def init_weight(self, index: int | np.ndarray) -> None:
-        """Give new transitions the largest priority seen so far (one tree call for all)."""
-        idx = np.atleast_1d(np.asarray(index, dtype=np.int64))
-        value = self._max_prio**self._alpha
-        self.priority_tree.update(idx, np.full(len(idx), value, self.priority_tree.dtype))
+        """Give transitions at ``index`` the largest priority seen so far (one tree call for all)."""
+        idx = np.atleast_1d(_as_indices(index))
+        with self._lock:
+            self._init_weight(idx)
 
     def sample_indices(self, batch_size: int | None) -> np.ndarray:
-        """Indices drawn by priority; ``0``/``None`` keep Tianshou's "all indices" meaning."""
-        if batch_size is not None and batch_size > 0 and len(self) > 0:  # type: ignore[arg-type]
-            return self._draw(batch_size)[0]
-        return super().sample_indices(batch_size)  # type: ignore[misc]
+        """``batch_size`` indices drawn by priority.
+
+        Tianshou's meanings of the other sizes stay: ``0`` gives every stored
+        index, a negative size none, and ``None`` what Tianshou's own buffer
+        gives (every stored index for the vector buffer, ``len(self)`` uniform
+        draws for the single one).
+
+        Raises:
+            TypeError: ``batch_size`` is neither an integer nor ``None`` (a bool is not an integer).
+            ValueError: a positive ``batch_size`` and an empty buffer.
+        """
+        _check_batch_size(batch_size)
+        with self._lock:
+            if batch_size is not None and batch_size > 0:
+                return self._draw(batch_size)[0]
+            return super().sample_indices(batch_size)  # type: ignore[misc]
 
     def sample(self, batch_size: int | None) -> tuple[PrioBatchProtocol, np.ndarray]:
-        """Draw ``batch_size`` transitions by priority; ``batch.weight`` holds their IS weights."""
-        if batch_size is None or batch_size <= 0 or len(self) == 0:  # type: ignore[arg-type]
-            return super().sample(batch_size)  # type: ignore[misc]
-        indices, weights = self._draw(batch_size)
-        batch = self._rows(indices)
-        batch.__dict__["weight"] = weights  # a float32 array: nothing for Batch to parse
+        """Draw ``batch_size`` transitions by priority; ``batch.weight`` holds their IS weights.
+
+        Other sizes as :meth:`sample_indices`; errors as there.
+        """
+        _check_batch_size(batch_size)
+        with self._lock:
+            if batch_size is None or batch_size <= 0:
+                return super().sample(batch_size)  # type: ignore[misc]
+            indices, weights = self._draw(batch_size)
+            batch = self._rows(indices)
+        batch.__dict__["weight"] = self._normalised(weights)  # a float32 array: nothing for Batch to parse
         return cast(PrioBatchProtocol, batch), indices
 
     def get_weight(self, index: int | np.ndarray) -> np.ndarray:
-        """IS weights ``(p_min / p_i) ** beta`` of stored transitions (p = priority^alpha)."""
-        leaves = self.priority_tree.get(np.atleast_1d(np.asarray(index, dtype=np.int64)))
-        # Same float64 ratio -> float32 power as the tree's own ``sample`` (an empty slot: inf).
-        ratio = (self.priority_tree.min() / leaves.astype(np.float64)).astype(np.float32)
-        return np.power(ratio, np.float32(self._beta))
+        """IS weights ``(p_min / p_i) ** beta`` of stored transitions (p = priority^alpha), as a 1-D array.
+
+        Raises:
+            TypeError: non-integer indices.
+            IndexError: an index that holds no stored transition.
+        """
+        idx = np.atleast_1d(_as_indices(index))
+        with self._lock:
+            leaves = self._stored_leaves(idx)
+            # Same float64 ratio -> float32 power as the tree's own ``sample``.
+            ratio = (self.priority_tree.min() / leaves.astype(np.float64)).astype(np.float32)
+            return np.power(ratio, np.float32(self._beta))
 
     def update_weight(self, index: np.ndarray, new_weight: np.ndarray | torch.Tensor) -> None:
         """Set priorities from TD errors: ``p = (|td| + eps) ** alpha``.
 
         ``new_weight`` is what Tianshou's algorithms leave in ``batch.weight``: the
         (signed) TD errors of the sampled batch; a device tree (torch, CUDA)
-        takes a tensor of them where it is. A NaN or infinite TD error raises
-        ``ValueError``, an index of an empty slot ``IndexError``; nothing changes then.
+        takes a tensor of them where it is. Nothing changes when a call is refused.
+
+        Raises:
+            TypeError: ``index`` is not a 1-D integer array, or the TD errors are
+                not real numbers (booleans, text, objects, complex numbers).
+            ValueError: a NaN or infinite TD error (naming its position), or a
+                number of TD errors other than the number of indices.
+            IndexError: an index that holds no stored transition.
         """
         td: np.ndarray | torch.Tensor
-        if isinstance(new_weight, torch.Tensor) and hasattr(self.priority_tree, "sample_tensors"):
-            td = new_weight.detach().reshape(-1).abs()  # a device tree takes the tensor where it is
+        if isinstance(new_weight, torch.Tensor):
+            if new_weight.dtype == torch.bool or new_weight.is_complex():
+                raise TypeError(f"new_weight (TD errors) must be real numbers, got a {new_weight.dtype} tensor")
+            if hasattr(self.priority_tree, "sample_tensors"):
+                td = new_weight.detach().reshape(-1).abs()  # a device tree takes the tensor where it is
+            else:
+                td = _td_magnitudes(new_weight.detach().cpu().numpy())
         else:
-            if isinstance(new_weight, torch.Tensor):
-                new_weight = new_weight.detach().cpu().numpy()
-            td = np.abs(np.asarray(new_weight, dtype=np.float64)).ravel()
-        idx = np.asarray(index)
-        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-            raise TypeError(f"index must be a 1-D integer array, got {idx.dtype}{idx.shape}")
-        idx = idx.astype(np.int64, copy=False)
-        self._check_stored(idx)
-        max_raw = self.priority_tree.update_td(idx, td, self._alpha, self._eps)
-        self._max_prio = max(self._max_prio, max_raw)
+            td = _td_magnitudes(new_weight)
+        idx = _as_indices(index)
+        if idx.ndim != 1:
+            raise TypeError(f"index must be a 1-D integer array, got shape {idx.shape}")
+        with self._lock:
+            self._stored_leaves(idx)
+            max_raw = self.priority_tree.update_td(idx, td, self._alpha, self._eps)
+            self._max_prio = max(self._max_prio, max_raw)
 
     def __getitem__(self, index: IndexType) -> PrioBatchProtocol:
-        """``self[index]`` with ``weight`` = IS weights under the current beta."""
-        if isinstance(index, slice):  # as Tianshou: buffer[:] is every stored transition
-            stored = len(self)  # type: ignore[arg-type]
-            indices = self.sample_indices(0) if index == slice(None) else self._indices[:stored][index]  # type: ignore[attr-defined]
-        else:
-            indices = index
-        batch = self._rows(indices)
-        weights = self.get_weight(indices)
+        """``self[index]`` with ``weight`` = IS weights under the current beta (see ``weight_norm``).
+
+        Raises:
+            TypeError: non-integer indices (a boolean mask included).
+            IndexError: an index that holds no stored transition.
+        """
+        with self._lock:
+            if isinstance(index, slice):  # as Tianshou: buffer[:] is every stored transition
+                stored = len(self)  # type: ignore[arg-type]
+                indices = self.sample_indices(0) if index == slice(None) else self._indices[:stored][index]  # type: ignore[attr-defined]
+            else:
+                indices = index
+            weights = self._normalised(self.get_weight(indices))  # checks the indices before any row is read
+            batch = self._rows(indices)
         batch.__dict__["weight"] = np.asarray(weights[0]) if np.ndim(indices) == 0 else weights  # buf[i]: 0-d, as Tianshou
         return cast(PrioBatchProtocol, batch)
 
-    # -- the rest of the buffer --------------------------------------------------------
+    # -- the rest of the buffer, under the lock ---------------------------------------------
 
     def reset(self, keep_statistics: bool = False) -> None:
         """Clear all data, as Tianshou's ``reset``, and all priorities with it."""
-        super().reset(keep_statistics=keep_statistics)  # type: ignore[misc]
-        self.priority_tree.load_leaves(np.zeros(self.priority_tree.capacity, self.priority_tree.dtype))
-        self._max_prio = 1.0
+        with self._lock:
+            super().reset(keep_statistics=keep_statistics)  # type: ignore[misc]
+            self.priority_tree.load_leaves(np.zeros(self.priority_tree.capacity, self.priority_tree.dtype))
+            self._max_prio = 1.0
 
     def hasnull(self) -> bool:
         """Whether a stored transition holds a NaN or None (Tianshou's check after each collect).
@@ -250,11 +499,68 @@ class _TreePriorities:
         of the stored rows of each array, where Tianshou copies the whole buffer
         into a new ``Batch`` (with IS weights) on every call.
         """
-        starts, stops = self._stored_bounds()
-        ranges = [(int(a), int(b)) for a, b in zip(starts, stops) if b > a]
-        return any(_has_null(arr, ranges) for arr in _leaf_arrays(self._meta))  # type: ignore[attr-defined]
+        with self._lock:
+            starts, stops = self._stored_bounds()
+            ranges = [(int(a), int(b)) for a, b in zip(starts, stops) if b > a]
+            return any(_has_null(arr, ranges) for arr in _leaf_arrays(self._meta))  # type: ignore[attr-defined]
 
-    # -- internals -----------------------------------------------------------------------
+    def prev(self, index: int | np.ndarray) -> np.ndarray:
+        """Tianshou's ``prev`` (the previous transition of each index's episode), under the lock."""
+        with self._lock:
+            return super().prev(index)  # type: ignore[misc]
+
+    def next(self, index: int | np.ndarray) -> np.ndarray:
+        """Tianshou's ``next`` (the next transition of each index's episode), under the lock."""
+        with self._lock:
+            return super().next(index)  # type: ignore[misc]
+
+    def unfinished_index(self) -> np.ndarray:
+        """Tianshou's ``unfinished_index`` (last index of each running episode), under the lock."""
+        with self._lock:
+            return super().unfinished_index()  # type: ignore[misc]
+
+    def get(self, index: int | list[int] | np.ndarray, key: str, default_value: Any = None, stack_num: int | None = None) -> Any:
+        """Tianshou's ``get`` (one key, frame-stacked), under the lock."""
+        with self._lock:
+            return super().get(index, key, default_value, stack_num)  # type: ignore[misc]
+
+    def set_batch(self, batch: RolloutBatchProtocol) -> None:
+        """Tianshou's ``set_batch`` (replace the storage), under the lock; priorities stay as they are."""
+        with self._lock:
+            super().set_batch(batch)  # type: ignore[misc]
+
+    def save_hdf5(self, path: str, compression: str | None = None) -> None:
+        """Tianshou's ``save_hdf5``: a consistent file (written under the lock), without the lock."""
+        with self._lock, h5py.File(path, "w") as f:
+            to_hdf5(self._state(), f, compression=compression)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy of the state taken under the lock, so pickling (which runs after) sees one consistent buffer."""
+        with self._lock:
+            return copy.deepcopy(self._state())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _TreePriorities:
+        with self._lock:
+            clone = type(self).__new__(type(self))
+            memo[id(self)] = clone
+            clone.__setstate__(copy.deepcopy(self._state(), memo))
+        return clone
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("_weight_norm", False)  # saved before weight_norm existed
+        super().__setstate__(state)  # type: ignore[misc]
+        self._lock = threading.RLock()
+        _LIVE.add(self)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        """The attributes that make up the buffer: all but the lock (neither picklable nor shareable)."""
+        return {key: value for key, value in self.__dict__.items() if key != "_lock"}
+
+    def _normalised(self, weights: np.ndarray) -> np.ndarray:
+        """With ``weight_norm``, IS weights divided by their maximum, as Tianshou's ``weight_norm=True``."""
+        return weights / weights.max() if self._weight_norm and weights.size else weights
 
     def _rows(self, indices: Any) -> PrioBatchProtocol:
         """``ReplayBuffer.__getitem__(indices)``: the stored rows, as Tianshou returns them.
@@ -269,24 +575,32 @@ class _TreePriorities:
             return cast(PrioBatchProtocol, _take_rows(meta, indices))
         return super(PrioritizedReplayBuffer, self).__getitem__(indices)  # type: ignore[misc]
 
+    def _init_weight(self, idx: np.ndarray) -> None:
+        """:meth:`init_weight` for the int64 indices ``add`` and ``update`` computed, under the lock."""
+        self.priority_tree.update(idx, np.full(len(idx), self._max_prio**self._alpha, self.priority_tree.dtype))
+
     def _draw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(self) == 0:  # type: ignore[arg-type]
+            raise ValueError(f"cannot sample {batch_size} transitions from an empty buffer; add transitions first")
         return self.priority_tree.sample(int(batch_size), self._rng, self._beta, self._stratified)
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """``(starts, stops)``: global index range ``[start, stop)`` of each sub-buffer's stored rows."""
         raise NotImplementedError
 
-    def _check_stored(self, idx: np.ndarray) -> None:
-        """``IndexError`` naming the first index that is not a stored transition.
+    def _stored_leaves(self, idx: np.ndarray) -> np.ndarray:
+        """Priorities at the 1-D indices ``idx``; ``IndexError`` naming the first that holds no stored transition.
 
         Stored transitions are exactly the leaves with a positive priority: slots
         never written (or cleared by ``reset``) hold 0, and a stored one holds at
         least ``eps ** alpha``, which the constructor checks is positive.
         """
-        bad = np.flatnonzero(self.priority_tree.get(idx) <= 0)  # the tree raises for idx outside [0, size)
+        leaves = self.priority_tree.get(idx)  # the tree raises for idx outside [0, size)
+        bad = np.flatnonzero(leaves <= 0)
         if bad.size:
             i = int(bad[0])
             raise IndexError(f"index at position {i} is {int(idx[i])}, which holds no stored transition")
+        return leaves
 
 
 def _leaf_arrays(batch: Batch) -> Iterator[Any]:
@@ -354,6 +668,12 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
             :func:`hetero_replay.trees.backends` (``"native"``, ``"numpy"``, ...).
         fanout: children per tree node (a power of two, 2..64; 16 = one cache line).
         stratified: one draw per equal slice of the priority mass; ``False`` for i.i.d.
+        weight_norm: how IS weights ``(N P(i))^-beta`` are normalised. ``False``
+            (the default): by their maximum over the whole buffer, ``(p_min / p_i) ** beta``,
+            so a weight means the same in every batch (Schaul et al.'s definition).
+            ``True``: by the maximum within each batch (each ``sample`` and
+            ``self[indices]``), as Tianshou's ``weight_norm=True`` (its default,
+            used by its Rainbow example): the batch's largest weight is always 1.
         random_seed: seeds the ``numpy.random.Generator`` that draws samples (and
             Tianshou's own ``RandomState``); the same seed and calls give the same samples.
         mapping: a :class:`hetero_replay.mapping.Mapping` placing the tree (its
@@ -363,11 +683,31 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
             ``save_only_last_obs``.
 
     Raises:
-        ValueError: a bad ``size``, ``alpha``, ``beta`` or ``eps``, or a mapping
-            that contradicts ``backend`` or stores transitions off the host.
-        TypeError: ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`.
+        TypeError: an argument of the wrong type (``alpha``, ``beta``, ``eps`` must be
+            real numbers, ``stratified`` and ``weight_norm`` bools, ``size`` and
+            ``random_seed`` integers), an unknown keyword argument, or a
+            ``mapping`` that is not a :class:`~hetero_replay.mapping.Mapping`.
+        ValueError: a value out of range (``size`` < 1, ``alpha`` < 0, ``beta``
+            outside [0, 1], ``eps`` <= 0, ...), or a mapping that contradicts
+            ``backend`` or stores transitions off the host.
         hetero_replay.mapping.DeviceUnavailableError: the mapping names a
             device this machine lacks.
+
+    Thread safety: every public operation (``add``, ``update``, ``sample``,
+    ``sample_indices``, ``update_weight``, ``init_weight``, ``get_weight``,
+    ``self[index]``, ``weight[...]``, ``reset``, ``set_beta``, ``prev``/``next``,
+    ``unfinished_index``, ``hasnull``, ``get``, ``set_batch``, ``save_hdf5``,
+    pickling and ``copy.deepcopy``) holds the buffer's re-entrant :attr:`lock`,
+    so calls from several threads take effect one at a time: no row is lost or
+    torn (a sampled row never mixes fields of two transitions), and a slot
+    counts as stored only once it is written. ``len`` reads a counter without
+    the lock. Hold ``with buf.lock:`` to make several calls one atomic step, or
+    to read the storage arrays directly (``buf.rew``, ``buf.obs`` are live
+    views). A ``fork`` (``os.fork``, ``multiprocessing``, ``SubprocVectorEnv``)
+    waits until no other thread is inside a call on any of these buffers, so the
+    child copies consistent buffers, each with a fresh lock. Pickling and
+    ``deepcopy`` copy the buffer under the lock first (one extra copy in memory
+    while pickling); ``save_hdf5`` writes under the lock.
     """
 
     def __init__(
@@ -380,20 +720,83 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
         backend: str = "auto",
         fanout: int = 16,
         stratified: bool = True,
+        weight_norm: bool = False,
         random_seed: int | None = 42,
         mapping: Mapping | None = None,
         **kwargs: Any,
     ) -> None:
-        _check_storage_options(kwargs)
-        if not isinstance(size, (int, np.integer)) or size < 1:
-            raise ValueError(f"size must be a positive integer, got {size!r}")
+        size = _count(size, "size")
+        _check_arguments(alpha, beta, eps, dict(stratified=stratified, weight_norm=weight_norm), random_seed, kwargs)
         # Not PrioritizedReplayBuffer.__init__: it builds (and JIT-compiles) a numba
         # SegmentTree that the tree below replaces.
-        ReplayBuffer.__init__(self, int(size), random_seed=_legacy_seed(random_seed), **kwargs)
-        self._init_priorities(int(size), alpha, beta, eps, backend, fanout, stratified, random_seed, mapping)
+        ReplayBuffer.__init__(self, size, random_seed=_legacy_seed(random_seed), **kwargs)
+        self._init_priorities(size, alpha, beta, eps, backend, fanout, stratified, weight_norm, random_seed, mapping)
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(1, np.int64), np.array([len(self)], np.int64)
+
+    def add(
+        self, batch: RolloutBatchProtocol, buffer_ids: np.ndarray | list[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Store one transition, as Tianshou's ``add``; it gets the largest priority so far.
+
+        ``batch`` is one transition, or a batch of one with ``buffer_ids=[0]``
+        (how ``Collector`` adds). Every value is checked against the storage
+        before anything is written, so a refused add changes nothing.
+
+        Returns:
+            ``([index], [episode_return], [episode_length], [episode_start_index])``,
+            as Tianshou's (return and length 0 while the episode runs).
+
+        Raises:
+            ValueError: ``buffer_ids`` is not ``[0]``, the batch lacks a key
+                Tianshou requires, or a value has a shape other than the stored one.
+            TypeError: a value the storage cannot hold unchanged (text for
+                numbers, fractional actions into integer storage, ...).
+        """
+        stacked = buffer_ids is not None
+        if stacked and (np.shape(buffer_ids) != (1,) or np.asarray(buffer_ids).dtype.kind not in "iu" or buffer_ids[0] != 0):
+            raise ValueError(f"a single buffer takes buffer_ids=[0] (or None), got {buffer_ids!r}")
+        rows = storable(self, batch, stacked)
+        with self._lock:
+            staged = stage(self._meta, rows, 1, stacked)
+            rew, done = staged.rows.rew[0], staged.rows.done[0]  # as stored: float rewards, bool flags
+            ptr, ep_return, ep_len, ep_start = (np.array([x]) for x in self._update_state_pre_add(rew, done))
+            commit(self, ptr, staged)
+            self._init_weight(ptr)
+        return ptr, ep_return, ep_len, ep_start
+
+    def update(self, buffer: ReplayBuffer) -> np.ndarray:
+        """Copy ``buffer``'s stored transitions in (Tianshou's ``update``); they get the largest priority so far.
+
+        All or nothing: rows the storage cannot hold raise before anything is
+        written. Holds both buffers' locks where ``buffer`` is one of ours.
+
+        Returns:
+            The indices written (empty if ``buffer`` is empty).
+
+        Raises:
+            TypeError: ``buffer`` is not a Tianshou ``ReplayBuffer``, or holds values this storage cannot hold.
+            ValueError: ``buffer``'s rows have other shapes than this storage's.
+        """
+        if not isinstance(buffer, ReplayBuffer):
+            raise TypeError(f"buffer must be a Tianshou ReplayBuffer, got {type(buffer).__name__}")
+        with _holding(self, buffer):
+            stack_num, buffer.stack_num = buffer.stack_num, 1  # as Tianshou: every stored index, frames unstacked
+            try:
+                source = buffer.sample_indices(0) if len(buffer) else np.array([], int)
+            finally:
+                buffer.stack_num = stack_num
+            if len(source) == 0:
+                return np.array([], int)
+            staged = stage(self._meta, buffer._meta[source], len(source))
+            ptr = (self._insertion_idx + np.arange(len(source))) % self.maxsize
+            commit(self, ptr, staged)
+            self.last_index[0] = ptr[-1]
+            self._insertion_idx = int(ptr[-1] + 1) % self.maxsize
+            self._size = min(self._size + len(source), self.maxsize)
+            self._init_weight(ptr)
+        return ptr
 
 
 class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorReplayBuffer):
@@ -406,8 +809,17 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
     Args:
         total_size: transitions kept over all sub-buffers.
         buffer_num: number of sub-buffers; at least the number of environments.
-        alpha, beta, eps, backend, fanout, stratified, random_seed, mapping, **kwargs: as in
+        alpha, beta, eps, backend, fanout, stratified, weight_norm, random_seed, mapping, **kwargs: as in
             :class:`HeteroPrioritizedReplayBuffer`.
+
+    Raises:
+        TypeError, ValueError: as :class:`HeteroPrioritizedReplayBuffer`; also for
+            ``total_size`` and ``buffer_num`` (integers, ``total_size >= buffer_num >= 1``).
+
+    Thread safety: as :class:`HeteroPrioritizedReplayBuffer`: every public
+    operation holds the buffer's re-entrant :attr:`lock` (one lock for all
+    sub-buffers), so concurrent calls lose and tear no rows; hold it to make
+    several calls atomic; a fork waits for it and gives the child a fresh one.
     """
 
     def __init__(
@@ -421,15 +833,15 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         backend: str = "auto",
         fanout: int = 16,
         stratified: bool = True,
+        weight_norm: bool = False,
         random_seed: int | None = 42,
         mapping: Mapping | None = None,
         **kwargs: Any,
     ) -> None:
-        _check_storage_options(kwargs)
-        if not isinstance(buffer_num, (int, np.integer)) or buffer_num < 1:
-            raise ValueError(f"buffer_num must be a positive integer, got {buffer_num!r}")
-        if not isinstance(total_size, (int, np.integer)) or total_size < buffer_num:
-            raise ValueError(f"total_size must be an integer >= buffer_num={buffer_num}, got {total_size!r}")
+        buffer_num = _count(buffer_num, "buffer_num")
+        if _count(total_size, "total_size") < buffer_num:
+            raise ValueError(f"total_size must be >= buffer_num={buffer_num}, got {total_size!r}")
+        _check_arguments(alpha, beta, eps, dict(stratified=stratified, weight_norm=weight_norm), random_seed, kwargs)
         size = math.ceil(total_size / buffer_num)
         # Non-prioritized children: the manager keeps one tree for all of them, so
         # Tianshou's per-child SegmentTrees (built, then deleted) are never made.
@@ -439,7 +851,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         ReplayBufferManager.__init__(self, children)  # type: ignore[arg-type]
         self._book = book
         self._random_state = np.random.RandomState(_legacy_seed(random_seed))
-        self._init_priorities(self.maxsize, alpha, beta, eps, backend, fanout, stratified, random_seed, mapping)
+        self._init_priorities(self.maxsize, alpha, beta, eps, backend, fanout, stratified, weight_norm, random_seed, mapping)
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return self._offset, self._offset + self._lengths
@@ -451,7 +863,8 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
 
         Tianshou's ``add``, vectorised across environments
         (:mod:`~hetero_replay.adapters.tianshou.episode_book`); the new transitions
-        get the largest priority so far.
+        get the largest priority so far. Every value is checked against the
+        storage before anything is written, so a refused add changes nothing.
 
         Returns:
             ``(indices, episode_returns, episode_lengths, episode_start_indices)``,
@@ -459,23 +872,29 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
             whose episode this step finished, its return and length (0 otherwise).
 
         Raises:
-            ValueError: ``buffer_ids`` and the batch differ in length, or the
-                batch lacks a key Tianshou requires.
+            ValueError: ``buffer_ids`` and the batch differ in length, the batch
+                lacks a key Tianshou requires, or a value's shape is not
+                ``(len(buffer_ids), *stored shape)``.
+            TypeError: ``buffer_ids`` are not integers, or a value the storage
+                cannot hold unchanged (text for numbers, fractional actions into
+                integer storage, an array where a ``Batch`` is stored, ...).
             IndexError: a buffer id outside ``[0, buffer_num)``.
         """
         ids = np.arange(self.buffer_num) if buffer_ids is None else np.asarray(buffer_ids)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
             raise TypeError(f"buffer_ids must be a 1-D sequence of integers, got {ids.dtype}{ids.shape}")
         rows = storable(self, batch)
-        if len(ids) != len(rows.done):
-            raise ValueError(f"{len(ids)} buffer ids for a batch of {len(rows.done)} transitions")
+        if np.shape(rows.done) != ids.shape:
+            raise ValueError(f"{len(ids)} buffer ids for a batch of shape {np.shape(rows.done)} (terminated, truncated)")
         listed = ids.tolist()  # a few environments: Python's min/max/set beat NumPy's call overhead
         if listed and (min(listed) < 0 or max(listed) >= self.buffer_num):
             raise IndexError(f"buffer ids must lie in [0, {self.buffer_num}), got {listed}")
-        if len(set(listed)) != len(listed):  # one env twice in a step: Tianshou's sequential add
-            return super().add(batch, ids)
-        ptr, ep_return, ep_len, ep_start = add_rows(self, rows, ids)
-        self.init_weight(ptr)
+        with self._lock:
+            staged = stage(self._meta, rows, len(ids))
+            if len(set(listed)) != len(listed):  # one env twice in a step: Tianshou's sequential add,
+                return super().add(batch, ids)  # which cannot fail half-way on rows that staged
+            ptr, ep_return, ep_len, ep_start = add_rows(self, staged, ids)
+            self._init_weight(ptr)
         return ptr, ep_return, ep_len, ep_start
 
     def unfinished_index(self) -> np.ndarray:
@@ -484,8 +903,9 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         Tianshou's answer without its loop over sub-buffers: n-step returns ask for
         it on every update. ``last_index`` holds each sub-buffer's last insertion.
         """
-        last = self.last_index[self._lengths > 0]
-        return last[~self.done[last]]
+        with self._lock:
+            last = self.last_index[self._lengths > 0]
+            return last[~self.done[last]]
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -513,12 +933,6 @@ def _checked_mapping(mapping: Any, backend: str) -> Mapping:
             f"'host', got {mapping.storage!r}; only the priorities (the tree) can move"
         )
     return mapping.checked()
-
-
-def _check_beta(value: float) -> float:
-    if not (isinstance(value, (int, float, np.floating, np.integer)) and 0.0 <= value <= 1.0):
-        raise ValueError(f"beta must be a number in [0, 1], got {value!r}")
-    return float(value)
 
 
 def _legacy_seed(seed: int | None) -> int:

@@ -19,9 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from tianshou.data import Batch, ReplayBuffer
-from tianshou.data.batch import alloc_by_keys_diff, create_value
+from tianshou.data import Batch, ReplayBuffer, ReplayBufferManager
 from tianshou.data.buffer.buffer_base import MalformedBufferError
+
+from hetero_replay.adapters.tianshou.staging import Staged, commit
 
 
 #: What ``add`` needs in a batch (``done`` is computed from the last two).
@@ -68,6 +69,15 @@ class SubBuffer(ReplayBuffer):
         self._book, self._env = book, env  # first: ReplayBuffer.__init__ writes the state
         super().__init__(size, **kwargs)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The state without the storage: a view of the manager's, which re-links it when it is loaded.
+
+        Pickling, ``deepcopy`` and HDF5 would otherwise store every transition twice.
+        """
+        state = self.__dict__.copy()
+        state["_meta"] = Batch()
+        return state
+
     @property
     def _ep_return(self) -> Any:
         """Return of the running episode (an array for vector rewards)."""
@@ -89,15 +99,15 @@ class SubBuffer(ReplayBuffer):
 
 
 def add_rows(
-    manager: Any, batch: Batch, buffer_ids: np.ndarray
+    manager: Any, staged: Staged, buffer_ids: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``ReplayBufferManager.add(batch, buffer_ids)`` with every environment handled by array operations.
 
     ``manager`` is a ``ReplayBufferManager`` of :class:`SubBuffer`\\ s sharing
-    ``manager._book``; ``batch`` is prepared by :func:`storable`, one row per
-    id; ``buffer_ids`` are distinct and in range (the caller checks). Same
-    results as Tianshou's; the rows are written before any state changes, so a
-    batch the storage rejects leaves the buffer as it was.
+    ``manager._book``; ``staged`` holds the new rows, one per id, already
+    checked against the storage (:func:`~hetero_replay.adapters.tianshou.staging.stage`);
+    ``buffer_ids`` are distinct and in range (the caller checks). Same results
+    as Tianshou's. Nothing here can fail once the first row or counter is written.
 
     Returns:
         ``(indices, episode_returns, episode_lengths, episode_start_indices)`` as
@@ -114,9 +124,9 @@ def add_rows(
     ep_start = row[:, B.EP_START] + offset
     if (row[:, B.EP_START] > row[:, B.STORED]).any():
         raise MalformedBufferError(f"episode start slots {row[:, B.EP_START]} lie beyond the stored transitions")
-    _write(manager, ptr, batch)
+    commit(manager, ptr, staged)
 
-    rew, done = batch.rew, batch.done
+    rew, done = staged.rows.rew, staged.rows.done  # as stored: float rewards, bool flags
     if book.ep_return.shape[1:] != np.shape(rew)[1:]:  # the first vector reward: per-component returns
         book.ep_return = np.zeros((len(book.ep_return), *np.shape(rew)[1:]))
     ep_return = book.ep_return[buffer_ids] + rew
@@ -133,37 +143,35 @@ def add_rows(
     return ptr, np.where(finished, ep_return, 0.0), np.where(done, ep_len, 0), ep_start
 
 
-def storable(manager: Any, batch: Batch) -> Batch:
-    """The keys of ``batch`` that Tianshou stores, plus ``done``, as ``ReplayBufferManager.add`` prepares them."""
+def storable(buffer: ReplayBuffer, batch: Batch, stacked: bool = True) -> Batch:
+    """The keys of ``batch`` that ``buffer`` stores, plus ``done``, as Tianshou's ``add`` prepares them.
+
+    A vector buffer (``ReplayBufferManager``) keeps Tianshou's reserved keys, a
+    single buffer every key, as their ``add``\\ s do. ``stacked``: the values have
+    a leading row dimension (a single buffer's ``add`` without ``buffer_ids``
+    gets one transition without it). Changes nothing.
+
+    Raises:
+        ValueError: the batch lacks a key ``add`` requires.
+        TypeError: ``terminated`` or ``truncated`` hold neither booleans nor integers.
+    """
     out = Batch()
-    for key in manager._reserved_keys:
+    keys = buffer._reserved_keys if isinstance(buffer, ReplayBufferManager) else batch.__dict__
+    for key in keys:
         if key in batch.__dict__:
             out.__dict__[key] = batch.__dict__[key]
     missing = sorted(_REQUIRED - out.__dict__.keys())
     if missing:
         raise ValueError(f"the batch to add lacks the keys {missing}")
+    for key in ("terminated", "truncated"):
+        dtype = np.asarray(out.__dict__[key]).dtype
+        if dtype.kind not in "biu":
+            raise TypeError(f"{key} must hold booleans (or 0/1 integers), got {dtype} values")
     out.__dict__["done"] = np.logical_or(out.terminated, out.truncated)
-    if manager._save_only_last_obs:
-        out.obs = out.obs[:, -1]
-    if not manager._save_obs_next:
+    if buffer._save_only_last_obs:
+        out.obs = out.obs[:, -1] if stacked else out.obs[-1]
+    if not buffer._save_obs_next:
         out.pop("obs_next", None)
-    elif manager._save_only_last_obs:
-        out.obs_next = out.obs_next[:, -1]
+    elif buffer._save_only_last_obs:
+        out.obs_next = out.obs_next[:, -1] if stacked else out.obs_next[-1]
     return out
-
-
-def _write(manager: Any, ptr: np.ndarray, batch: Batch) -> None:
-    """``manager._meta[ptr] = batch``, allocating storage on the first add or a new key, as Tianshou does."""
-    try:
-        manager._meta[ptr] = batch
-    except ValueError:
-        batch.rew = batch.rew.astype(float)
-        batch.done = batch.done.astype(bool)
-        batch.terminated = batch.terminated.astype(bool)
-        batch.truncated = batch.truncated.astype(bool)
-        if len(manager._meta.get_keys()) == 0:
-            manager._meta = create_value(batch, manager.maxsize, stack=False)
-        else:
-            alloc_by_keys_diff(manager._meta, batch, manager.maxsize, False)
-        manager._set_batch_for_children()
-        manager._meta[ptr] = batch

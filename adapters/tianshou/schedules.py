@@ -10,6 +10,7 @@ each update with the number of updates it has performed so far.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,12 +39,18 @@ class LinearBetaSchedule:
     def __post_init__(self) -> None:
         for name in ("initial", "final"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= 1.0):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a real number in [0, 1], got {type(value).__name__} {value!r}")
+            if not (math.isfinite(value) and 0.0 <= value <= 1.0):
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-        if not isinstance(self.num_updates, int) or self.num_updates < 1:
+        if isinstance(self.num_updates, bool) or not isinstance(self.num_updates, numbers.Integral):
+            raise TypeError(f"num_updates must be an integer, got {type(self.num_updates).__name__} {self.num_updates!r}")
+        if self.num_updates < 1:
             raise ValueError(f"num_updates must be a positive integer, got {self.num_updates!r}")
 
     def __call__(self, update: int) -> float:
+        if isinstance(update, bool) or not isinstance(update, numbers.Integral):
+            raise TypeError(f"update index must be an integer, got {type(update).__name__} {update!r}")
         if update < 0:
             raise ValueError(f"update index must be >= 0, got {update}")
         fraction = min(1.0, update / self.num_updates)

@@ -130,8 +130,9 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
 
     Raises:
         TypeError: ``wrapped_algorithm`` is not an off-policy algorithm whose use of
-            the IS weights is known, ``beta`` is neither a number nor callable,
-            or ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`.
+            the IS weights is known, ``beta`` (or the schedule's first value) is
+            neither a real number nor callable (a bool is not a number), or
+            ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`.
         ValueError: ``beta`` (or the schedule's first value) is outside [0, 1],
             or the mapping's inference and train devices differ.
         hetero_replay.mapping.DeviceUnavailableError: the mapping names a device
@@ -282,6 +283,9 @@ def _set_beta(buffer: PrioritizedReplayBuffer, beta: float) -> None:
 
 
 def _check_beta(value: Any, what: str) -> float:
-    if not (isinstance(value, (int, float, np.floating)) and 0.0 <= value <= 1.0):
+    """``value`` as a float; ``TypeError`` unless a real number (a bool is not), ``ValueError`` outside [0, 1]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what} must be a real number in [0, 1], got {type(value).__name__} {value!r}")
+    if not 0.0 <= value <= 1.0:
         raise ValueError(f"{what} must be a number in [0, 1], got {value!r}")
     return float(value)

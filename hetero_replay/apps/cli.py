@@ -52,7 +52,7 @@ def _compare_arguments(p: argparse.ArgumentParser) -> None:
 
 @command("compare", "train with the stock replay and with PER over seeds; table, CSV, JSON, PNG", _compare_arguments)
 def compare(args: argparse.Namespace) -> int:
-    from hetero_replay.compare import driver, report
+    from hetero_replay.apps.compare import driver, report
 
     try:
         specs = driver.build_specs(

@@ -8,9 +8,9 @@
 ``tianshou_runs``         the Tianshou runner (``--lib tianshou``)
 ========================  =====================================================
 
-``hetero-replay compare`` (:mod:`hetero_replay.cli`) ties them together.
+``hetero-replay compare`` (:mod:`hetero_replay.apps.cli`) ties them together.
 """
 
-from hetero_replay.compare.base import LibraryRunner, RunResult, RunSpec, register_runner, runner_for
+from hetero_replay.apps.compare.base import LibraryRunner, RunResult, RunSpec, register_runner, runner_for
 
 __all__ = ["LibraryRunner", "RunResult", "RunSpec", "register_runner", "runner_for"]

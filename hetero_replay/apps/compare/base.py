@@ -74,9 +74,9 @@ def runner_for(lib: str) -> LibraryRunner:
         import importlib
 
         try:
-            importlib.import_module(f"hetero_replay.compare.{lib}_runs")
+            importlib.import_module(f"hetero_replay.apps.compare.{lib}_runs")
         except ModuleNotFoundError as e:
-            if e.name == f"hetero_replay.compare.{lib}_runs":
+            if e.name == f"hetero_replay.apps.compare.{lib}_runs":
                 raise ValueError(f"unknown library {lib!r}; choose 'sb3' or 'tianshou'") from e
             raise
     return _RUNNERS[lib]

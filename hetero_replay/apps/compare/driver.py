@@ -1,6 +1,6 @@
 """Plan and run a comparison: every replay variant of one library, over several seeds.
 
-The driver knows only the runner interface of :mod:`hetero_replay.compare.base`,
+The driver knows only the runner interface of :mod:`hetero_replay.apps.compare.base`,
 so every library's runner gets the same plan, progress bar and report.
 """
 
@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from typing import Sequence
 
-from hetero_replay.compare.base import RunResult, RunSpec, runner_for
+from hetero_replay.apps.compare.base import RunResult, RunSpec, runner_for
 
 
 def build_specs(

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hetero_replay.compare.base import RunResult
+from hetero_replay.apps.compare.base import RunResult
 
 
 @dataclass(frozen=True)

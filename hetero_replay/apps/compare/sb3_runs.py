@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetero_replay.compare.base import RunResult, RunSpec, register_runner
+from hetero_replay.apps.compare.base import RunResult, RunSpec, register_runner
 
 #: rl-zoo hyperparameters (rl-baselines3-zoo, hyperparams/<algo>.yml) per (algo, env id).
 HYPERPARAMS: dict[tuple[str, str], dict[str, Any]] = {

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from hetero_replay.compare.base import RunResult, RunSpec, register_runner
+from hetero_replay.apps.compare.base import RunResult, RunSpec, register_runner
 
 ALGOS = ("dqn", "ddpg", "td3", "sac")
 VARIANTS = ("stock-per", "hetero-per", "uniform")
