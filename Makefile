@@ -1,6 +1,6 @@
 # One way to set up, run and test. Every target creates .venv on first use.
 #   make demo    the main job: a short PER-vs-uniform comparison and the quick benchmark
-#   make test    the test suite (what CI runs)
+#   make test    the test suite: pytest, then the C++ unit tests (what CI runs, with make lint)
 #   make bench   the full replay benchmark (long; writes benchmarks/results/)
 
 PYTHON ?= python3
@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-cpp format-check bench clean
+.PHONY: demo test test-cpp lint typecheck bench clean
 
 # ~4 minutes on 2 cores: SB3 DQN on CartPole with the stock uniform buffer vs PERDQN (2 seeds),
 # then the quick replay benchmark against cpprb, TorchRL, Tianshou and SB3.
@@ -24,9 +24,19 @@ test: $(STAMP)
 test-cpp:
 	bash csrc/tests/run.sh
 
-# clang-format (pinned in the dev extra) must leave csrc/ unchanged.
-format-check: $(STAMP)
+# Style and types: ruff (lint + format), mypy, clang-format (versions pinned in pyproject.toml).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(MAKE) --no-print-directory typecheck
 	$(BIN)/clang-format --dry-run -Werror $$(find csrc -name '*.hpp' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh')
+
+# mypy sees the installed layout: a symlink tree with adapters/ as hetero_replay/adapters.
+typecheck: $(STAMP)
+	rm -rf build/typecheck && mkdir -p build/typecheck
+	cp -rs $(CURDIR)/hetero_replay build/typecheck/hetero_replay
+	ln -s $(CURDIR)/adapters build/typecheck/hetero_replay/adapters
+	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p hetero_replay
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_replay.py

@@ -1,18 +1,33 @@
 """hetero-replay: prioritized experience replay for Stable-Baselines3 and Tianshou.
 
 The core (this package) never imports SB3 or Tianshou; their adapters live in
-:mod:`hetero_replay.adapters`.
+:mod:`hetero_replay.adapters`. Tree backends and storages are listed in
+:mod:`hetero_replay.registry`; other packages add theirs with
+:func:`register_backend` / :func:`register_storage` or an entry point.
 """
+
+from importlib import metadata as _metadata
 
 from hetero_replay._native import num_threads, set_num_threads
 from hetero_replay.checkpoint import ReplayFileError
+from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions
+from hetero_replay.priorities import Priorities
+from hetero_replay.registry import backends, register_backend, register_storage, storages
 from hetero_replay.replay import PrioritizedReplay, Sample
-from hetero_replay.storage import Field, HostStorage, Schema
-from hetero_replay.trees import SumTree, backends, make_tree
+from hetero_replay.storage import Field, HostStorage, Schema, Storage
+from hetero_replay.trees import SumTree, make_tree
 
-__version__ = "0.1.0"
+try:  # the version is written once, in pyproject.toml
+    __version__ = _metadata.version("hetero-replay")
+except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
+    "DEFAULT_EPS",
+    "UNSET",
+    "PEROptions",
+    "Priorities",
+    "Storage",
     "Field",
     "HostStorage",
     "PrioritizedReplay",
@@ -23,5 +38,8 @@ __all__ = [
     "backends",
     "make_tree",
     "num_threads",
+    "register_backend",
+    "register_storage",
     "set_num_threads",
+    "storages",
 ]

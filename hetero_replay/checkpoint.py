@@ -393,7 +393,7 @@ def _check_header(header: Mapping[str, Any], path: Path) -> None:
         if not ok:
             raise ReplayFileError(f"{path}: inconsistent replay header ({what})")
 
-    cfg = header.get("config")
+    cfg: Any = header.get("config")
     require(isinstance(cfg, dict), "no config")
     missing = [k for k in _CONFIG_KEYS if k not in cfg]
     require(not missing, f"config lacks {missing}")
@@ -420,10 +420,11 @@ def _check_header(header: Mapping[str, Any], path: Path) -> None:
         item_bytes += math.prod(field["shape"]) * np.dtype(field["dtype"]).itemsize
     require(capacity * item_bytes <= MAX_STORAGE_BYTES, f"capacity {capacity} x {item_bytes} bytes per transition")
 
-    size, position = header.get("size"), header.get("position")
+    size: Any = header.get("size")
+    position: Any = header.get("position")
     require(_is_int(size) and 0 <= size <= capacity, f"size {_short(size)} for capacity {capacity}")
     require(_is_int(position) and 0 <= position < capacity, f"position {_short(position)} for capacity {capacity}")
-    max_priority = header.get("max_priority")
+    max_priority: Any = header.get("max_priority")
     require(_is_real(max_priority, 0.0) and max_priority > 0, f"max_priority {_short(max_priority)}")
     require(_is_generator_state(header.get("rng_state")), "rng_state is not a NumPy generator state")
 

@@ -28,13 +28,12 @@ import dataclasses
 import importlib.util
 from typing import Any, NamedTuple
 
+from hetero_replay import registry
+
 #: The primitives a mapping places (the env step is always on the CPU).
 PRIMITIVES = ("inference", "sample", "update", "train")
 #: Storage placements besides a device: NumPy on the host, page-locked host tensors.
 HOST, PINNED = "host", "pinned"
-
-_CPU_TREES = ("native", "numpy")
-_TREES = ("auto", "native", "numpy", "torch", "cupy")
 
 
 class DeviceUnavailableError(RuntimeError):
@@ -53,7 +52,9 @@ class Transfer(NamedTuple):
 class Mapping:
     """A device for each primitive, the storage placement and the tree backend.
 
-    Devices are ``"cpu"`` or ``"cuda"`` / ``"cuda:N"``. Construction checks the
+    Devices are ``"cpu"``, ``"cuda"`` / ``"cuda:N"``, or a device type a
+    registered backend or storage declares (``"fpga"`` / ``"fpga:N"``; see
+    :func:`hetero_replay.registry.device_types`). Construction checks the
     mapping and that this machine can run it; a missing device raises
     :class:`DeviceUnavailableError` naming the primitive that asked for it.
 
@@ -63,9 +64,13 @@ class Mapping:
         update: where priorities are written; the tree's device, so = ``sample``.
         train: where the network learns; sampled batches are delivered here.
         storage: ``"host"`` (NumPy), ``"pinned"`` (page-locked host memory,
-            asynchronous copies to a GPU) or a device.
-        tree: sum-tree backend; ``"auto"`` takes the C++ tree on the CPU and
-            the CUDA kernels (CuPy) on a GPU, or the torch tree without CuPy.
+            asynchronous copies to a GPU), another registered storage, or a
+            device (:func:`hetero_replay.registry.storages`).
+        tree: sum-tree backend, ``"auto"`` or a registered name
+            (:func:`hetero_replay.registry.backends`) that runs on the
+            ``sample`` device; ``"auto"`` takes the best-ranked one usable here
+            (the C++ tree on the CPU; the CUDA kernels (CuPy) on a GPU, or the
+            torch tree without CuPy).
         check: ``False`` skips the check that this machine has the devices
             (to describe a mapping for another machine, e.g. in a cost model).
     """
@@ -86,32 +91,39 @@ class Mapping:
                 "sample and update act on one sum tree, so they need the same device; "
                 f"got sample={self.sample!r}, update={self.update!r}"
             )
-        if self.storage not in (HOST, PINNED):
+        if not _named_storage(self.storage):
             object.__setattr__(self, "storage", _normalise("storage", self.storage))
-        if self.tree not in _TREES:
-            raise ValueError(f"tree must be one of {_TREES}, got {self.tree!r}")
-        on_gpu = self.sample != "cpu"
-        if on_gpu and self.tree in _CPU_TREES:
-            raise ValueError(f"tree backend {self.tree!r} runs on the CPU only; sample/update are on {self.sample!r}")
-        if not on_gpu and self.tree == "cupy":
-            raise ValueError("tree backend 'cupy' runs on a CUDA device; sample/update are on 'cpu'")
+            registry.storage_for(self.storage)  # some storage keeps rows there
+        if self.tree == "auto":
+            if not registry.ranked_backends(self.sample):
+                raise ValueError(f"tree='auto' has no backend for {self.sample!r}; name one with tree=")
+        else:
+            names = registry.backends(usable_only=False)
+            if self.tree not in names:
+                raise ValueError(f"tree must be one of {('auto', *names)}, got {self.tree!r}")
+            spec = registry.backend_spec(self.tree)
+            if not spec.runs_on(self.sample):
+                raise ValueError(
+                    f"tree backend {self.tree!r} runs on {registry.describe_devices(spec.devices)}; "
+                    f"sample/update are on {self.sample!r}"
+                )
         if self.check:
             self._check_present()
 
     # -- presets -----------------------------------------------------------------------
 
     @classmethod
-    def cpu(cls) -> "Mapping":
+    def cpu(cls) -> Mapping:
         """Everything on the CPU: the C++ tree, NumPy storage, a CPU learner."""
         return cls()
 
     @classmethod
-    def gpu(cls, device: str = "cuda", check: bool = True) -> "Mapping":
+    def gpu(cls, device: str = "cuda", check: bool = True) -> Mapping:
         """Everything on one GPU: tree, transitions and learner; no per-step host copies."""
         return cls(inference=device, sample=device, update=device, train=device, storage=device, check=check)
 
     @classmethod
-    def cpu_replay_gpu_learner(cls, device: str = "cuda", check: bool = True) -> "Mapping":
+    def cpu_replay_gpu_learner(cls, device: str = "cuda", check: bool = True) -> Mapping:
         """The C++ tree on the CPU, transitions in pinned memory, the network on the GPU."""
         return cls(inference=device, train=device, storage=PINNED, check=check)
 
@@ -132,9 +144,9 @@ class Mapping:
         """The tree backend ``"auto"`` resolves to on this machine."""
         if self.tree != "auto":
             return self.tree
-        if self.sample == "cpu":
-            return "native"
-        return "cupy" if _cupy_usable() else "torch"  # unchecked mappings: torch where CuPy is absent
+        ranked = registry.ranked_backends(self.sample)
+        usable = [s for s in ranked if s.why_unusable() is None]
+        return (usable or ranked)[0].name  # unchecked mappings: the best one, wherever it runs
 
     def replay_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :class:`~hetero_replay.replay.PrioritizedReplay` for this mapping.
@@ -145,14 +157,15 @@ class Mapping:
         """
         backend = self.tree_backend
         host_batches = self.storage == HOST and self.train == "cpu"
+        cpu_only = registry.backend_spec(backend).devices == ("cpu",)  # takes no device
         return {
             "tree": backend,
-            "tree_device": None if backend in _CPU_TREES else self.sample,
+            "tree_device": None if cpu_only else self.sample,
             "storage": self.storage,
             "device": None if host_batches else self.train,
         }
 
-    def checked(self) -> "Mapping":
+    def checked(self) -> Mapping:
         """This mapping, checked against this machine now.
 
         Also for a mapping built with ``check=False`` or checked on another
@@ -170,7 +183,7 @@ class Mapping:
         crosses only where neighbouring primitives sit on different devices.
         """
         tree, learner = self.sample, self.train
-        store = "cpu" if self.storage in (HOST, PINNED) else self.storage
+        store = _storage_location(self.storage)
         steps = [
             Transfer("uniforms", "cpu", tree),
             Transfer("indices", tree, store),
@@ -183,20 +196,19 @@ class Mapping:
 
     def _check_present(self) -> None:
         wanted = [(p, getattr(self, p)) for p in PRIMITIVES]
-        if self.storage not in (HOST, PINNED):
+        if not _named_storage(self.storage):
             wanted.append(("storage", self.storage))
         for primitive, device in wanted:
-            if device != "cpu":
-                _require_cuda(primitive, device)
+            _require_device(primitive, device)
         if self.storage == PINNED:
             _require_cuda("storage", "cuda", why="pinned host memory needs CUDA")
-        if self.tree == "cupy" and not _cupy_usable():
-            raise DeviceUnavailableError(
-                "sample/update: tree backend 'cupy' needs CuPy and a CUDA device; "
-                "pip install hetero-replay[cuda]"
-            )
-        if self.tree_backend == "torch" and importlib.util.find_spec("torch") is None:
-            raise DeviceUnavailableError("sample/update: tree backend 'torch' needs torch installed")
+        reason = registry.storage_for(self.storage).why_unusable()
+        if reason is not None:
+            raise DeviceUnavailableError(f"storage: storage {self.storage!r} is not usable here: {reason}")
+        backend = self.tree_backend
+        reason = registry.backend_spec(backend).why_unusable()
+        if reason is not None:
+            raise DeviceUnavailableError(f"sample/update: tree backend {backend!r} is not usable here: {reason}")
 
 
 def one_policy_mapping(mapping: Any, library: str) -> Mapping:
@@ -225,15 +237,50 @@ def one_policy_mapping(mapping: Any, library: str) -> Mapping:
 
 
 def _normalise(what: str, device: Any) -> str:
-    """``"cpu"`` or ``"cuda:N"``, or ``ValueError`` naming ``what``."""
+    """``"cpu"`` or ``"<type>:N"`` for a registered device type, or ``ValueError`` naming ``what``."""
     name = str(device).strip().lower()
+    kind, colon, index = name.partition(":")
+    types = registry.device_types()
     if name == "cpu":
         return name
-    if name == "cuda":
-        return "cuda:0"
-    if name.startswith("cuda:") and name[5:].isdigit():
-        return f"cuda:{int(name[5:])}"
-    raise ValueError(f"{what}: device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if kind != "cpu" and kind in types and (not colon or index.isdigit()):
+        return f"{kind}:{int(index or 0)}"
+    choices = ["'cpu'"] + [f"'{t}{n}'" for t in types if t != "cpu" for n in ("", ":N")]
+    text = ", ".join(choices[:-1]) + " or " + choices[-1] if len(choices) > 1 else choices[0]
+    raise ValueError(f"{what}: device must be {text}, got {device!r}")
+
+
+def _named_storage(storage: Any) -> bool:
+    """Whether ``storage`` is a registered storage's own name (``"host"``, ``"pinned"``), not a device."""
+    try:
+        return not registry.storage_spec(storage).device_placement
+    except ValueError:
+        return False
+
+
+def _storage_location(storage: str) -> str:
+    """The device a storage's rows live on: a named storage's first device type (``"cpu"`` for host memory)."""
+    if not _named_storage(storage):
+        return storage
+    kind = registry.storage_spec(storage).devices[0]
+    return "cpu" if kind in ("cpu", registry.ANY_TORCH_DEVICE) else f"{kind}:0"
+
+
+def _require_device(what: str, device: str) -> None:
+    """Raise :class:`DeviceUnavailableError` naming ``what`` unless ``device`` is present here.
+
+    The CPU always is; CUDA devices are counted by torch; another device type
+    is present when a registered backend or storage declaring it is usable.
+    """
+    kind = device.partition(":")[0]
+    if kind == "cpu":
+        return
+    if kind == "cuda":
+        _require_cuda(what, device)
+        return
+    present, reason = registry.device_available(kind)
+    if not present:
+        raise DeviceUnavailableError(f"{what}: {device!r} requested, but nothing usable here runs on it ({reason})")
 
 
 def _require_cuda(what: str, device: str, why: str = "") -> None:
@@ -248,12 +295,6 @@ def _require_cuda(what: str, device: str, why: str = "") -> None:
     if index >= count:
         have = f"{count} CUDA device(s)" if count else "no CUDA device"
         raise DeviceUnavailableError(f"{what}: {device!r} requested{reason}, but this machine has {have}")
-
-
-def _cupy_usable() -> bool:
-    from hetero_replay.trees import _cupy_usable as usable
-
-    return usable()
 
 
 class TransferCounter:
@@ -277,7 +318,7 @@ class TransferCounter:
         self.scalar_reads = 0
         self._mode: Any = None
 
-    def __enter__(self) -> "TransferCounter":
+    def __enter__(self) -> TransferCounter:
         from torch.utils._python_dispatch import TorchDispatchMode
 
         counter = self

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from hetero_replay import _native
 from hetero_replay.options import PEROptions, check_alpha, check_batch_size, check_beta, check_eps, check_floor
 from hetero_replay.trees import SumTree, make_tree
 from hetero_replay.trees.base import describe_max_leaf
@@ -155,6 +156,19 @@ class Priorities:
         if normalise == "batch":
             weights = weights / weights.max()
         return indices, weights
+
+    def weights(self, indices: Any, beta: float | None = None, normalise: Normalise = "global") -> np.ndarray:
+        """IS weights ``(p_min / p_i) ** beta`` of slots ``indices`` (float32), as :meth:`sample` gives them.
+
+        ``beta`` and ``normalise`` as in :meth:`sample` (``"batch"``: divided by
+        the largest of these weights). Slots with priority 0 get weight ``inf``;
+        callers index stored slots only.
+        """
+        b = self._beta if beta is None else check_beta(beta)
+        if normalise not in ("global", "batch"):
+            raise ValueError(f"normalise must be 'global' or 'batch', got {normalise!r}")
+        weights = _native.is_weights(self.tree.get(indices), self.tree.min(), b)
+        return weights / weights.max() if normalise == "batch" and weights.size else weights
 
     # -- state -------------------------------------------------------------------------
 

@@ -1,14 +1,31 @@
-"""Shared fixtures: the tree backends that run here, and a small transition schema."""
+"""Shared fixtures: the tree backends that run here, and a small transition schema.
+
+The session installs a plugin, ``tests/plugins/toy_backend``: a separate
+package (``hetero_replay_toy``) with a ``.dist-info`` whose entry point
+registers the ``"toy"`` tree backend, found the way an installed plugin is
+(``importlib.metadata``). The ``backend`` fixture includes it, so the toy runs
+the same reference tests as the built-in backends.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from hetero_replay import registry
 from hetero_replay.trees import backends
 
-#: Every backend that runs on this machine; "numpy" is the reference.
-CPU_BACKENDS = [b for b in backends() if b in ("numpy", "native", "torch")]
+#: The folder holding the toy plugin's package and its .dist-info.
+TOY_PLUGIN = Path(__file__).parent / "plugins" / "toy_backend"
+
+#: Every backend that runs on this machine, and the toy plugin's; "numpy" is the reference.
+CPU_BACKENDS = [b for b in backends() if b in ("numpy", "native", "torch")] + ["toy"]
 
 SCHEMA = {
     "obs": ((3,), np.float32),
@@ -36,9 +53,44 @@ def backend(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "learning: trains an agent and asserts that it learned (seconds to a minute of one core; "
-        "deselect with -m 'not learning')",
-    )
+@contextlib.contextmanager
+def registry_state() -> Iterator[None]:
+    """Restore the registry's entries and its record of loaded plugins on exit."""
+    backends, storages = dict(registry._backends), dict(registry._storages)
+    loaded, scanned = set(registry._loaded_entry_points), registry._plugins_scanned
+    try:
+        yield
+    finally:
+        registry._backends.clear()
+        registry._backends.update(backends)
+        registry._storages.clear()
+        registry._storages.update(storages)
+        registry._loaded_entry_points.clear()
+        registry._loaded_entry_points.update(loaded)
+        registry._plugins_scanned = scanned
+
+
+@contextlib.contextmanager
+def installed(folder: Path, *modules: str) -> Iterator[None]:
+    """``folder`` on ``sys.path`` as if its packages and .dist-info were installed, its plugins loaded.
+
+    On exit the folder, its ``modules`` and whatever its plugins registered are gone again.
+    """
+    with registry_state():
+        sys.path.insert(0, str(folder))
+        importlib.invalidate_caches()
+        try:
+            registry.load_plugins()  # a real entry-point scan: importlib.metadata finds the .dist-info
+            yield
+        finally:
+            sys.path.remove(str(folder))
+            for name in modules:
+                sys.modules.pop(name, None)
+            importlib.invalidate_caches()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def toy_plugin() -> Iterator[None]:
+    """The toy backend plugin, installed for the whole session (the ``"toy"`` backend of ``CPU_BACKENDS``)."""
+    with installed(TOY_PLUGIN, "hetero_replay_toy"):
+        yield

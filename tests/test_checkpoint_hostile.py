@@ -31,6 +31,8 @@ from hetero_replay.checkpoint import ReplayFileError
 from hetero_replay.replay import PrioritizedReplay
 from tests.conftest import SCHEMA, make_batch
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 POSIX_ONLY = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals, umask and flock")
 

@@ -13,6 +13,8 @@ from hetero_replay.trees.cupy_tree import cuda_available
 from tests.conftest import SCHEMA, make_batch
 from tests.test_trees import assert_same_tree
 
+pytestmark = pytest.mark.gpu
+
 try:
     import torch
 

@@ -21,6 +21,8 @@ import pytest
 from hetero_replay import PrioritizedReplay
 from hetero_replay.trees import make_tree
 
+pytestmark = pytest.mark.slow
+
 ADDERS = 3
 BATCHES_PER_ADDER = 600
 MAX_ROWS = 24

@@ -59,7 +59,7 @@ def test_absent_cuda_is_an_error_naming_the_primitive(kwargs, primitive):
     "kwargs, match",
     [
         (dict(sample="cuda", update="cpu"), "sample and update act on one sum tree"),
-        (dict(train="gpu"), "train: device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+        (dict(train="gpu"), "train: device must be 'cpu', 'cuda'.* 'cuda:N'.*, got 'gpu'"),  # + plugins' devices
         (dict(storage="tpu"), "storage: device must be"),
         (dict(tree="fpga"), "tree must be one of"),
         (dict(sample="cuda", update="cuda", tree="native"), "runs on the CPU only"),
@@ -69,6 +69,33 @@ def test_absent_cuda_is_an_error_naming_the_primitive(kwargs, primitive):
 def test_inconsistent_mappings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Mapping(**kwargs, check=False)
+
+
+def test_device_names_and_backends_come_from_the_registry():
+    """A plugin's device type is a device name; its backend a tree; "auto" finds it there (the toy plugin)."""
+    m = Mapping(sample="toyaccel", update="toyaccel:0", tree="auto")
+    assert (m.sample, m.tree_backend) == ("toyaccel:0", "toy")
+    assert m.replay_kwargs() == {"tree": "toy", "tree_device": "toyaccel:0", "storage": "host", "device": None}
+    assert m.transfers() == (
+        Transfer("uniforms", "cpu", "toyaccel:0"),
+        Transfer("indices", "toyaccel:0", "cpu"),
+        Transfer("weights", "toyaccel:0", "cpu"),
+        Transfer("td errors", "cpu", "toyaccel:0"),
+        Transfer("tree scalars", "toyaccel:0", "cpu"),
+    )
+    buf = PrioritizedReplay(10, SCHEMA, **m.replay_kwargs())
+    assert type(buf.tree).__name__ == "ToySumTree"
+    assert Mapping(tree="toy").replay_kwargs()["tree_device"] == "cpu"  # the toy also runs on the CPU
+    with pytest.raises(
+        ValueError, match="tree backend 'toy' runs on the CPU or a 'toyaccel' device; sample/update are on 'cuda:0'"
+    ):
+        Mapping(sample="cuda", update="cuda", tree="toy", check=False)
+    with pytest.raises(
+        ValueError, match="tree backend 'native' runs on the CPU only; sample/update are on 'toyaccel:1'"
+    ):
+        Mapping(sample="toyaccel:1", update="toyaccel:1", tree="native")
+    with pytest.raises(ValueError, match="storage must be 'host', 'pinned' or a torch device, got 'toyaccel:0'"):
+        Mapping(storage="toyaccel")  # a device, but no storage keeps rows there
 
 
 def test_gpu_mappings_described_without_a_gpu():
@@ -99,7 +126,9 @@ def test_one_policy_mapping_needs_inference_and_train_on_one_device():
     assert one_policy_mapping(Mapping(tree="torch", check=False), "SB3").check
     with pytest.raises(TypeError, match="mapping must be a hetero_replay.mapping.Mapping, got dict"):
         one_policy_mapping({"train": "cpu"}, "SB3")
-    with pytest.raises(ValueError, match="^SB3 acts and trains with one policy.*inference on 'cpu' and train on 'cuda:1'"):
+    with pytest.raises(
+        ValueError, match="^SB3 acts and trains with one policy.*inference on 'cpu' and train on 'cuda:1'"
+    ):
         one_policy_mapping(Mapping(train="cuda:1", check=False), "SB3")
 
 

@@ -1,14 +1,15 @@
 """The ``hetero-replay`` command.
 
-    hetero-replay info       what this installation has: backends, threads
-    hetero-replay compare    stock replay vs PER in SB3 / Tianshou training runs, over seeds
+hetero-replay info       what this installation has: tree backends and storages
+                         (devices, usable here or why not), threads
+hetero-replay compare    stock replay vs PER in SB3 / Tianshou training runs, over seeds
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import hetero_replay
 
@@ -26,11 +27,15 @@ def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentPars
     return register
 
 
-@command("info", "show backends and thread settings")
+@command("info", "show the registered tree backends and storages, and the thread settings")
 def info(args: argparse.Namespace) -> int:
+    """Print the version, every registered backend and storage (usable here or why not), the threads."""
+    from hetero_replay import registry
+
     print(f"hetero-replay {hetero_replay.__version__}")
-    print(f"tree backends : {', '.join(hetero_replay.backends())}")
-    print(f"threads       : {hetero_replay.num_threads()}")
+    print(f"threads: {hetero_replay.num_threads()}")
+    print()
+    print(registry.describe())
     return 0
 
 

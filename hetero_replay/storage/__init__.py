@@ -2,45 +2,101 @@
 
 ``HostStorage`` keeps them in NumPy arrays on the host; ``TorchStorage``
 (imported lazily: it needs torch) keeps them in torch tensors on any device or
-in pinned host memory. :func:`make_storage` picks one from a placement name.
+in pinned host memory. :func:`make_storage` picks one from a placement name,
+through the storages registered in :mod:`hetero_replay.registry`:
+
+=========  ================  =============================================
+placement  rows live on      storage
+=========  ================  =============================================
+host       cpu               :class:`HostStorage`, NumPy arrays
+pinned     cpu               ``TorchStorage`` in page-locked host memory
+a device   any torch device  ``TorchStorage`` there (``"cpu"``, ``"cuda:1"``, ``"meta"``);
+                             registered as ``"torch"``, chosen by the device name
+=========  ================  =============================================
+
+Other packages add storages with :func:`hetero_replay.registry.register_storage`
+(see ``docs/backends.md``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import importlib.util
+from collections.abc import Mapping
+from typing import Any
 
+from hetero_replay import registry
+from hetero_replay.registry import ANY_TORCH_DEVICE, register_storage
 from hetero_replay.storage.base import Storage
 from hetero_replay.storage.host import HostStorage
 from hetero_replay.storage.schema import Field, Schema
 
-#: Placement names besides torch device strings ("cpu", "cuda", "cuda:1", "meta", ...).
+#: Placement names besides device names ("cpu", "cuda", "cuda:1", "meta", ...).
 HOST, PINNED = "host", "pinned"
+
+
+def _torch_check() -> str | None:
+    """Found without importing torch."""
+    return None if importlib.util.find_spec("torch") is not None else "torch is not installed"
+
+
+def _host(capacity: int, schema: Schema | Mapping[str, Any], placement: Any) -> Storage:
+    return HostStorage(capacity, schema)
+
+
+def _pinned(capacity: int, schema: Schema | Mapping[str, Any], placement: Any) -> Storage:
+    from hetero_replay.storage.torch_storage import TorchStorage
+
+    return TorchStorage(capacity, schema, "cpu", pin_memory=True)
+
+
+def _torch(capacity: int, schema: Schema | Mapping[str, Any], placement: Any) -> Storage:
+    import torch
+
+    from hetero_replay.storage.torch_storage import TorchStorage
+
+    return TorchStorage(capacity, schema, torch.device(placement))
+
+
+register_storage(
+    HOST,
+    _host,
+    devices=("cpu",),
+    description="NumPy arrays in host memory",
+)
+register_storage(
+    PINNED,
+    _pinned,
+    devices=("cpu",),
+    check=_torch_check,
+    description="page-locked host tensors, async copies to a GPU (needs CUDA)",
+)
+register_storage(
+    "torch",
+    _torch,
+    devices=(ANY_TORCH_DEVICE,),
+    check=_torch_check,
+    device_placement=True,
+    description="torch tensors on the named device ('cpu', 'cuda:1', ...)",
+)
 
 
 def make_storage(placement: str, capacity: int, schema: Schema | Mapping[str, Any]) -> Any:
     """Storage for ``capacity`` transitions of ``schema``, placed by name.
 
     Args:
-        placement: ``"host"`` (NumPy arrays, :class:`HostStorage`), ``"pinned"``
-            (page-locked host tensors for asynchronous copies to a GPU), or a
-            torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...) for
-            :class:`~hetero_replay.storage.torch_storage.TorchStorage` there.
-    """
-    if placement == HOST:
-        return HostStorage(capacity, schema)
-    try:
-        from hetero_replay.storage.torch_storage import TorchStorage
-    except ImportError as e:
-        raise ImportError(f"storage {placement!r} needs torch; install it or use storage='host'") from e
-    import torch
+        placement: the name of a registered storage (``"host"``: NumPy arrays,
+            :class:`HostStorage`; ``"pinned"``: page-locked host tensors for
+            asynchronous copies to a GPU), or a device name, which goes to the
+            storage registered for that device (``"cpu"``, ``"cuda"``,
+            ``"cuda:1"``, ...: :class:`~hetero_replay.storage.torch_storage.TorchStorage` there).
 
-    if placement == PINNED:
-        return TorchStorage(capacity, schema, "cpu", pin_memory=True)
-    try:
-        device = torch.device(placement)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"storage must be 'host', 'pinned' or a torch device, got {placement!r}") from e
-    return TorchStorage(capacity, schema, device)
+    Raises:
+        ValueError: no registered storage takes ``placement``.
+        ImportError: the storage is not usable here (e.g. torch is not installed).
+    """
+    spec = registry.storage_for(placement)
+    spec.require(f"storage {placement!r}")
+    return spec.factory(capacity, schema, placement)
 
 
 __all__ = ["HOST", "PINNED", "Field", "HostStorage", "Schema", "Storage", "make_storage"]

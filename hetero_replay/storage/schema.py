@@ -124,9 +124,9 @@ class Schema(Mapping[str, Field]):
             {
                 **obs_fields("obs"),
                 "action": action,
-                "reward": Field((), np.float32),
+                "reward": Field((), np.dtype(np.float32)),
                 **obs_fields("next_obs"),
-                "done": Field((), np.float32),
+                "done": Field((), np.dtype(np.float32)),
             }
         )
 

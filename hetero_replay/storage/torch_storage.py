@@ -174,8 +174,7 @@ def _check_tensor_cast(name: str, t: torch.Tensor, dst: np.dtype) -> None:
         info = np.iinfo(dst)
         low, high = int(t.min()), int(t.max())
         if low < info.min or high > info.max:
-            bad = low if low < info.min else high
-            raise ValueError(f"field {name!r}: value {bad} does not fit {dst} [{info.min}, {info.max}]")
+            raise ValueError(f"field {name!r}: value {low if low < info.min else high} does not fit {dst} [{info.min}, {info.max}]")
     elif dst.kind == "f":
         overflow = torch.isfinite(t) & ~torch.isfinite(t.to(torch_dtype(dst)))
         if bool(overflow.any()):

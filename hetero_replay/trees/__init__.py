@@ -1,41 +1,40 @@
 """Sum-tree backends behind one protocol, and ``make_tree`` to pick one.
 
-========  ==========================================================
-backend   what it is
-========  ==========================================================
-native    C++17 K-ary tree, multi-threaded across the batch, GIL released
-numpy     vectorised NumPy: the readable reference every backend matches
-torch     torch tensor ops on any torch device (listed when torch is installed)
-cupy      CUDA kernels loaded through CuPy (listed when CuPy and a CUDA device
-          are present; ``pip install hetero-replay[cuda]``)
-========  ==========================================================
+The built-in backends, registered here in :mod:`hetero_replay.registry`
+(``hetero-replay info`` lists them with what this machine can run):
+
+========  ================  ====================================================
+backend   devices           what it is
+========  ================  ====================================================
+native    cpu               C++17 K-ary tree, multi-threaded across the batch, GIL released
+numpy     cpu               vectorised NumPy: the readable reference every backend matches
+torch     any torch device  torch tensor ops (usable when torch is installed)
+cupy      cuda              CUDA kernels loaded through CuPy (usable with CuPy and a CUDA
+                            device: ``pip install hetero-replay[cuda]``)
+========  ================  ====================================================
+
+Other packages add theirs with :func:`hetero_replay.registry.register_backend`
+or an entry point (see ``docs/backends.md``).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import Any, Callable
+from typing import Any
 
+from hetero_replay import registry
+from hetero_replay.registry import ANY_TORCH_DEVICE, backends, register_backend
 from hetero_replay.trees.base import FANOUTS, SumTree, check_tree_args
-
-_BACKENDS: dict[str, Callable[..., SumTree]] = {}
-
-
-def _host_only(backend: str, device: Any) -> None:
-    if device is not None and str(device) != "cpu":
-        raise ValueError(f"tree backend {backend!r} runs on the CPU only; got device {device!r}")
 
 
 def _native(capacity: int, fanout: int, dtype: Any, device: Any = None) -> SumTree:
-    _host_only("native", device)
     from hetero_replay.trees.native_tree import NativeSumTree
 
     return NativeSumTree(capacity, fanout, dtype)
 
 
 def _numpy(capacity: int, fanout: int, dtype: Any, device: Any = None) -> SumTree:
-    _host_only("numpy", device)
     from hetero_replay.trees.numpy_tree import NumpySumTree
 
     return NumpySumTree(capacity, fanout, dtype)
@@ -53,15 +52,9 @@ def _cupy(capacity: int, fanout: int, dtype: Any, device: Any = None) -> SumTree
     return CupySumTree(capacity, fanout, dtype, device)
 
 
-_BACKENDS.update(native=_native, numpy=_numpy)
-# Optional backends are listed only where they run; torch is found without importing it.
-if importlib.util.find_spec("torch") is not None:
-    _BACKENDS["torch"] = _torch
-
-#: What ``backend="auto"`` resolves to, best first: on the CPU, on CUDA, on another torch device.
-_AUTO_ORDER = ("native", "numpy")
-_AUTO_ORDER_CUDA = ("cupy", "torch")
-_AUTO_ORDER_OTHER = ("torch",)
+def _torch_check() -> str | None:
+    """Found without importing torch."""
+    return None if importlib.util.find_spec("torch") is not None else "torch is not installed"
 
 
 @functools.lru_cache(maxsize=1)
@@ -74,10 +67,48 @@ def _cupy_usable() -> bool:
     return cuda_available()
 
 
-def backends() -> tuple[str, ...]:
-    """Names accepted by :func:`make_tree` (besides ``"auto"``) that run on this machine."""
-    names = tuple(_BACKENDS)
-    return names + ("cupy",) if _cupy_usable() else names
+def _cupy_check() -> None:
+    """Raise :class:`~hetero_replay.trees.cupy_tree.CudaUnavailableError` unless CuPy sees a CUDA device."""
+    if _cupy_usable():
+        return
+    from hetero_replay.trees.cupy_tree import CudaUnavailableError
+
+    missing = "CuPy" if importlib.util.find_spec("cupy") is None else "a CUDA device, and CuPy finds none"
+    raise CudaUnavailableError(f"the 'cupy' tree backend needs {missing}; pip install hetero-replay[cuda]")
+
+
+register_backend(
+    "native",
+    _native,
+    devices=("cpu",),
+    auto_rank=0,
+    description="C++17 K-ary tree, threaded over the batch, GIL released",
+)
+register_backend(
+    "numpy",
+    _numpy,
+    devices=("cpu",),
+    auto_rank=10,
+    description="vectorised NumPy, the reference every backend matches",
+)
+register_backend(
+    "torch",
+    _torch,
+    devices=(ANY_TORCH_DEVICE,),
+    check=_torch_check,
+    auto_rank=30,
+    description="torch tensor ops on the tree's device (tree_device=)",
+)
+register_backend(
+    "cupy",
+    _cupy,
+    devices=("cuda",),
+    check=_cupy_check,
+    extra="cuda",
+    auto_rank=20,
+    emulated_on=("cpu",),
+    description="CUDA kernels (NVRTC) launched through CuPy",
+)
 
 
 def make_tree(
@@ -86,37 +117,52 @@ def make_tree(
     """Build a sum tree.
 
     Args:
-        backend: ``"auto"`` (the fastest available for ``device``), or one of
-            :func:`backends`. ``"cupy"`` without CuPy or a CUDA device raises
-            ``ImportError`` naming the extra to install.
+        backend: ``"auto"`` (the best-ranked usable backend for ``device``:
+            the C++ tree on the CPU, CuPy's kernels then the torch tree on
+            CUDA, the torch tree on other torch devices), or a registered name
+            (:func:`~hetero_replay.registry.backends`).
         capacity: number of leaves.
         fanout: children per node, a power of two in ``FANOUTS``; 16 puts one
             float32 sibling group in one 64-byte cache line.
         dtype: ``"float32"`` (default) or ``"float64"`` leaf values.
-        device: where the tree lives, for the device backends (``"torch"``:
-            any torch device; ``"cupy"``: a CUDA device). ``None`` is the CPU
-            (and the current CUDA device for ``"cupy"``); the CPU backends
-            accept only ``None`` or ``"cpu"``.
+        device: where the tree lives, a device the backend runs on (``"torch"``:
+            any torch device; ``"cupy"``: a CUDA device, or ``"cpu"`` for its
+            slow CPU executor). ``None`` is the backend's default: the CPU (and
+            the current CUDA device for ``"cupy"``).
+
+    Raises:
+        ValueError: an unknown backend (the message lists the registered
+            ones), a device the backend does not run on, or bad arguments.
+        ImportError: the backend is registered but not usable here; the
+            message says why and which extra to install.
     """
     capacity, fanout, dtype = check_tree_args(capacity, fanout, dtype)
     if backend == "auto":
-        on_host = device is None or str(device) == "cpu"
-        order = _AUTO_ORDER if on_host else _AUTO_ORDER_CUDA if str(device).startswith("cuda") else _AUTO_ORDER_OTHER
-        for name in order:
-            factory = _cupy if name == "cupy" else _BACKENDS.get(name)
-            if factory is None:
-                continue
+        return _auto(capacity, fanout, dtype, device)
+    spec = registry.backend_spec(backend)
+    if device is not None and str(device).partition(":")[0] in spec.emulated_on:
+        return spec.factory(capacity, fanout, dtype, device)
+    if device is not None and not spec.runs_on(device):
+        raise ValueError(
+            f"tree backend {backend!r} runs on {registry.describe_devices(spec.devices)}; got device {device!r}"
+        )
+    spec.require()
+    return spec.factory(capacity, fanout, dtype, device)
+
+
+def _auto(capacity: int, fanout: int, dtype: Any, device: Any) -> SumTree:
+    """The first of :func:`~hetero_replay.registry.ranked_backends` that builds here."""
+    reasons = []
+    for spec in registry.ranked_backends(device):
+        reason = spec.why_unusable()
+        if reason is None:
             try:
-                return factory(capacity, fanout, dtype, device)
-            except ImportError:
-                continue
-        if not on_host:
-            raise ValueError(f"no tree backend runs on device {device!r} here; install torch or CuPy")
-    if backend == "cupy":
-        return _cupy(capacity, fanout, dtype, device)
-    if backend not in _BACKENDS:
-        raise ValueError(f"unknown tree backend {backend!r}; choose 'auto' or one of {backends()}")
-    return _BACKENDS[backend](capacity, fanout, dtype, device)
+                return spec.factory(capacity, fanout, dtype, device)
+            except ImportError as e:  # e.g. the kernels do not compile here: try the next
+                reason = str(e)
+        reasons.append(f"{spec.name}: {reason}")
+    why = f" ({'; '.join(reasons)})" if reasons else ""
+    raise ValueError(f"no tree backend runs on device {device!r} here{why}")
 
 
 __all__ = ["FANOUTS", "SumTree", "backends", "make_tree"]

@@ -361,7 +361,7 @@ class CupySumTree(TreeBase):
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["capacity"], state["fanout"], state["dtype"], state["device"])
+        CupySumTree.__init__(self, state["capacity"], state["fanout"], state["dtype"], state["device"])
         self.load_leaves(state["leaves"])
 
     def __repr__(self) -> str:

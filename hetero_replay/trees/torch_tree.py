@@ -261,7 +261,7 @@ class TorchSumTree(TreeBase):
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["capacity"], state["fanout"], state["dtype"], state["device"])
+        TorchSumTree.__init__(self, state["capacity"], state["fanout"], state["dtype"], state["device"])
         self.load_leaves(state["leaves"])
 
     def __repr__(self) -> str:

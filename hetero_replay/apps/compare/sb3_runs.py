@@ -77,7 +77,7 @@ def _make_model(spec: RunSpec) -> Any:
     env = make_vec_env(spec.env_id, n_envs=spec.n_envs, seed=spec.seed)
     noise_std = params.pop("action_noise_std", None)
     if noise_std is not None:
-        dim = env.action_space.shape[-1]
+        dim = int(np.prod(env.action_space.shape or ()))
         params["action_noise"] = NormalActionNoise(np.zeros(dim), noise_std * np.ones(dim))
     policy = "MultiInputPolicy" if hasattr(env.observation_space, "spaces") else "MlpPolicy"
     return algorithm_class(spec.algo, spec.variant)(policy, env, seed=spec.seed, **params)
@@ -93,7 +93,7 @@ def _evaluator(spec: RunSpec, model: Any) -> Callable[[], float]:
     def evaluate() -> float:
         eval_env.seed(spec.seed + 1_000_000)
         mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=spec.eval_episodes, deterministic=True)
-        return float(mean)
+        return float(mean)  # type: ignore[arg-type]  # a float when return_episode_rewards is False
 
     return evaluate
 

@@ -229,7 +229,9 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
         "warmup_steps": _round_up(hp.warmup_steps, spec.n_envs),
         "gradient_steps": num_updates,
     }
-    if spec.variant != "uniform":
+    if spec.variant == "hetero-per":
+        extra.update(final_beta=buffer.beta, max_priority=buffer.max_priority)
+    elif spec.variant != "uniform":  # Tianshou's own buffer keeps them private
         extra.update(final_beta=float(buffer._beta), max_priority=float(buffer._max_prio))
     return RunResult(
         spec=spec,

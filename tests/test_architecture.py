@@ -1,0 +1,115 @@
+"""The layers of docs/architecture.md, checked from the source: no import cycle, no import upwards.
+
+Every ``import`` of a ``hetero_replay`` module anywhere in a file counts, also
+one inside a function (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Bottom-up. A module may import modules of its own layer or below, never above.
+LAYERS = [
+    ("hetero_replay._native", "hetero_replay.registry"),
+    ("hetero_replay.trees", "hetero_replay.storage"),
+    ("hetero_replay.options", "hetero_replay.checkpoint"),
+    ("hetero_replay.priorities",),
+    ("hetero_replay.replay", "hetero_replay.torch_batches"),
+    ("hetero_replay.mapping",),
+    ("hetero_replay",),  # the package's facade: what adapters and users import
+    ("hetero_replay.adapters",),
+    ("hetero_replay.apps",),
+]
+
+
+def module_files() -> dict[str, Path]:
+    """Module name -> file, for the core and the adapters (installed as hetero_replay.adapters)."""
+    out = {}
+    for base, prefix in ((ROOT / "hetero_replay", "hetero_replay"), (ROOT / "adapters", "hetero_replay.adapters")):
+        for path in base.rglob("*.py"):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join([prefix, *parts])] = path
+    return out
+
+
+def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The hetero_replay modules ``path`` (module ``name``) imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative import
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            submodules = {f"{target}.{alias.name}" for alias in node.names} & modules
+            found.update(submodules)  # `from pkg import submodule` needs the submodule
+            if len(submodules) < len(node.names):
+                found.add(target)  # and a name defined in `target` itself needs `target`
+    return {m for m in found if m in modules and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    files = module_files()
+    names = set(files) | {"hetero_replay._native"}  # the C++ extension imports nothing of ours
+    g = {name: imports_of(path, name, names) for name, path in files.items()}
+    g["hetero_replay._native"] = set()
+    return g
+
+
+def layer_of(module: str) -> int:
+    best, index = "", -1
+    for i, layer in enumerate(LAYERS):
+        for prefix in layer:
+            matches = module == prefix or (module.startswith(prefix + ".") and prefix != "hetero_replay")
+            if matches and len(prefix) > len(best):
+                best, index = prefix, i
+    assert index >= 0, f"{module} is in no layer of LAYERS: place it"
+    return index
+
+
+def test_no_import_cycle_in_the_package():
+    g = graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for dep in sorted(g[m]):
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep) :] + [dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        stack.pop()
+        state[m] = 2
+
+    for module in sorted(g):
+        if module not in state:
+            visit(module)
+
+
+def test_each_layer_imports_only_layers_below():
+    upward = [
+        f"{m} (layer {layer_of(m)}) imports {dep} (layer {layer_of(dep)})"
+        for m, deps in graph().items()
+        for dep in deps
+        if layer_of(dep) > layer_of(m)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
+    # The graph must see an import inside a function, else a lazy import could hide a cycle.
+    src = tmp_path / "mod.py"
+    src.write_text("def f():\n    from hetero_replay.replay import PrioritizedReplay\n")
+    assert imports_of(src, "hetero_replay.trees.x", {"hetero_replay.replay"}) == {"hetero_replay.replay"}
