@@ -97,9 +97,13 @@ class Priorities:
 
     def new_priority(self) -> Any:
         """``max_priority ** alpha`` in the tree's dtype; ``ValueError`` if the tree cannot hold it."""
-        with np.errstate(over="ignore"):
-            priority = self.tree.dtype.type(self._max_priority**self._alpha)
-        if not priority <= self.tree.max_leaf:
+        # Python floats: an add calls this, and np.errstate would cost more than the add's tree update.
+        try:
+            raw = self._max_priority**self._alpha
+        except OverflowError:
+            raw = float("inf")
+        priority = self.tree.dtype.type(raw) if raw <= self.tree.max_leaf else raw
+        if not float(priority) <= self.tree.max_leaf:  # also after rounding to the tree's dtype
             raise ValueError(
                 f"the priority of new transitions, max_priority ** alpha = {self._max_priority!r} ** "
                 f"{self._alpha!r} = {priority}, exceeds the largest priority this tree can sum, "

@@ -22,6 +22,7 @@ from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 from stable_baselines3.common.envs import SimpleMultiObsEnv  # noqa: E402
 
+from hetero_replay import PEROptions  # noqa: E402
 from hetero_replay.adapters.sb3 import (  # noqa: E402
     PERDDPG,
     PERDQN,
@@ -287,6 +288,13 @@ def test_refuses_a_buffer_of_another_environment_and_keeps_its_own(tmp_path, env
 def test_bad_arguments_raise_clear_errors(kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         PERDQN("MlpPolicy", "CartPole-v1", **kwargs, **small())
+
+
+def test_per_options_reach_the_buffer_through_replay_buffer_kwargs() -> None:
+    options = PEROptions(alpha=0.3, beta=0.2, tree="numpy")
+    model = PERDQN("MlpPolicy", "CartPole-v1", replay_buffer_kwargs=dict(options=options, beta=0.5), **small())
+    assert model.replay_buffer.replay.options == options.replace(beta=0.5)
+    assert model.beta_schedule(1.0) == 0.5 and model.beta_schedule(0.0) == 1.0  # from the buffer's beta to 1
 
 
 def test_a_schedule_leaving_0_1_is_reported() -> None:

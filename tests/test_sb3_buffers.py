@@ -20,6 +20,7 @@ pytest.importorskip("stable_baselines3")
 from stable_baselines3.common.type_aliases import ReplayBufferSamples  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize  # noqa: E402
 
+from hetero_replay import PEROptions  # noqa: E402
 from hetero_replay.adapters.sb3 import DictPrioritizedReplayBuffer, PrioritizedReplayBuffer  # noqa: E402
 from hetero_replay.adapters.sb3.buffers import WARN_AFTER_SAMPLES  # noqa: E402
 
@@ -270,6 +271,21 @@ def test_reset_empties_the_buffer() -> None:
 def test_bad_arguments_raise_clear_errors(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make(**kwargs)
+
+
+def test_per_options_come_from_peroptions() -> None:
+    """Defaults are PEROptions'; ``options=`` sets them at once; keyword arguments given override its fields."""
+    assert make().replay.options == PEROptions()
+    options = PEROptions(
+        alpha=0.3, beta=0.9, eps=1e-3, tree="numpy", fanout=4, priority_dtype="float64", stratified=False
+    )
+    buf = make(options=options)
+    assert buf.replay.options == options and (buf.alpha, buf.beta) == (0.3, 0.9)
+    assert make(alpha=0.5, options=options).replay.options == options.replace(alpha=0.5)
+    dict_buf = DictPrioritizedReplayBuffer(8, spaces.Dict({"x": OBS}), ACT, device="cpu", options=options, beta=0.1)
+    assert dict_buf.replay.options == options.replace(beta=0.1)
+    with pytest.raises(TypeError, match="options must be a PEROptions"):
+        make(options=dict(alpha=0.5))
 
 
 def test_dict_buffer_rejects_what_it_cannot_store() -> None:

@@ -31,11 +31,11 @@ from tianshou.data import (  # noqa: E402
 from tianshou.env import DummyVectorEnv  # noqa: E402
 from tianshou.utils.net.common import Net  # noqa: E402
 
+from hetero_replay import DEFAULT_EPS, PEROptions  # noqa: E402
 from hetero_replay.adapters.tianshou import (  # noqa: E402
     HeteroPrioritizedReplayBuffer,
     HeteroPrioritizedVectorReplayBuffer,
 )
-from hetero_replay.adapters.tianshou.buffers import DEFAULT_EPS  # noqa: E402
 
 BACKENDS = ["native", "numpy"]
 
@@ -416,6 +416,27 @@ def test_constructor_rejects_bad_arguments(kwargs: dict, error: type, match: str
 def test_single_buffer_rejects_bad_size() -> None:
     with pytest.raises(ValueError, match="size"):
         HeteroPrioritizedReplayBuffer(0)
+
+
+@pytest.mark.parametrize("cls", [HeteroPrioritizedReplayBuffer, HeteroPrioritizedVectorReplayBuffer])
+def test_per_options_come_from_peroptions(cls: type) -> None:
+    """Defaults are PEROptions'; ``options=`` sets them at once; keyword arguments given override its fields."""
+    args = (100,) if cls is HeteroPrioritizedReplayBuffer else (100, 4)
+    default = cls(*args)
+    assert default.priorities.options == PEROptions()
+    assert (default.alpha, default.beta, default.eps) == (PEROptions().alpha, PEROptions().beta, DEFAULT_EPS)
+    options = PEROptions(
+        alpha=0.3, beta=0.9, eps=1e-3, tree="numpy", fanout=4, priority_dtype="float64", stratified=False
+    )
+    buf = cls(*args, options=options)
+    assert buf.priorities.options == options and (buf.alpha, buf.beta, buf.eps) == (0.3, 0.9, 1e-3)
+    assert buf.priority_tree.dtype == np.float64 and type(buf.priority_tree).__name__ == "NumpySumTree"
+    mixed = cls(*args, alpha=0.5, backend="native", options=options)
+    assert mixed.priorities.options == options.replace(alpha=0.5, tree="native")
+    with pytest.raises(TypeError, match="options must be a PEROptions"):
+        cls(*args, options=dict(alpha=0.5))
+    with pytest.raises(ValueError, match="eps must be > 0"):  # Tianshou's stored slots are the positive ones
+        cls(*args, options=PEROptions(eps=0.0))
 
 
 # -- state -------------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ def test_td_errors_reach_a_device_tree_as_tensors(monkeypatch) -> None:
     assert len(received) == 1 and isinstance(received[0], torch.Tensor)  # not converted to NumPy on the way
     last = dict(zip(indices.tolist(), td.abs().tolist(), strict=True))  # repeated indices: last write wins
     for i, v in last.items():
-        assert tree.get(np.array([i]))[0] == pytest.approx((v + buf._eps) ** buf.alpha, rel=1e-5)
+        assert tree.get(np.array([i]))[0] == pytest.approx((v + buf.eps) ** buf.alpha, rel=1e-5)
 
 
 def test_bad_td_errors_to_a_device_tree_raise_and_change_nothing() -> None:

@@ -510,7 +510,7 @@ def test_sampling_an_empty_buffer_is_a_clear_error(kind: str) -> None:
         (dict(total_size=True), TypeError, "total_size must be an integer, got bool"),
         (dict(total_size=100.0), TypeError, "total_size"),
         (dict(buffer_num="4"), TypeError, "buffer_num"),
-        (dict(stratified="no"), TypeError, "stratified must be a bool, got str"),
+        (dict(stratified="no"), TypeError, "stratified must be True or False, got str"),
         (dict(weight_norm="yes"), TypeError, "weight_norm must be a bool"),
         (dict(random_seed=1.5), TypeError, "random_seed must be an integer or None, got float"),
         (dict(fanout="16"), TypeError, "fanout"),

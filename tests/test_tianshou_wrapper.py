@@ -34,13 +34,13 @@ from tianshou.utils.net.continuous import (  # noqa: E402
 )
 from tianshou.utils.torch_utils import policy_within_training_step  # noqa: E402
 
+from hetero_replay import DEFAULT_EPS  # noqa: E402
 from hetero_replay.adapters.tianshou import (  # noqa: E402
     HeteroPrioritizedVectorReplayBuffer,
     LinearBetaSchedule,
     PEROffPolicyWrapper,
     PERTrainingStats,
 )
-from hetero_replay.adapters.tianshou.buffers import DEFAULT_EPS  # noqa: E402
 
 BATCH = 32
 

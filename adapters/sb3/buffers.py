@@ -36,9 +36,8 @@ from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.utils import get_device
 from stable_baselines3.common.vec_env import VecNormalize
 
-from hetero_replay import Field, PrioritizedReplay, Schema
+from hetero_replay import UNSET, Field, PEROptions, PrioritizedReplay, Schema
 from hetero_replay.mapping import Mapping, one_policy_mapping
-from hetero_replay.replay import DEFAULT_EPS
 from hetero_replay.torch_batches import same_device
 
 #: A buffer sampled this many times in a row without ``update_priorities`` warns once.
@@ -114,14 +113,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             Needs ``handle_timeout_termination=False``, as in SB3.
         handle_timeout_termination: store time-limit truncations and sample
             ``dones * (1 - timeouts)``, so targets bootstrap through truncation.
-        alpha: priority exponent (0 = uniform).
-        beta: initial importance-sampling exponent in ``[0, 1]``; the PER
-            algorithms anneal it to 1 over training.
-        eps: added to every ``|TD error|`` so that no transition gets priority 0.
-        tree: sum-tree backend, ``"auto"`` or one of :func:`hetero_replay.backends`.
-        fanout: children per tree node, a power of two in 2..64.
-        priority_dtype: ``"float32"`` or ``"float64"`` priorities.
-        stratified: one draw per equal slice of the priority mass (``False``: i.i.d.).
+        alpha, beta, eps, tree, fanout, priority_dtype, stratified: the PER
+            options, documented (with their defaults) once in
+            :class:`hetero_replay.PEROptions`. ``beta`` is the starting value;
+            the PER algorithms anneal it to 1 over training.
         seed: seed of the buffer's own random generator. ``None`` draws one from
             NumPy's global generator, which SB3 seeds from the algorithm's
             ``seed`` just before building the buffer, so seeded runs repeat exactly.
@@ -133,6 +128,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             ``device`` must be ``"auto"`` (then it is the mapping's learner
             device) or that device. The PER algorithms take ``mapping=`` too and
             pass it here.
+        options: a ready :class:`hetero_replay.PEROptions`; the PER keyword
+            arguments above, where given, override its fields.
 
     With device batches (storage on a device, or a learner off the CPU), the
     sampled tensors come from the core engine untouched, the ``indices`` are a
@@ -141,16 +138,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     ``VecNormalize`` then takes the batch through the host (it works in NumPy).
 
     Raises:
-        TypeError: ``buffer_size``, ``n_envs``, ``seed`` or ``fanout`` not an
-            integer; ``alpha``, ``beta`` or ``eps`` not a real number;
-            ``optimize_memory_usage``, ``handle_timeout_termination`` or
-            ``stratified`` not a bool; ``mapping`` not a
+        TypeError: ``buffer_size``, ``n_envs`` or ``seed`` not an integer;
+            ``optimize_memory_usage`` or ``handle_timeout_termination`` not a
+            bool; a PER option of the wrong type (as
+            :class:`~hetero_replay.PEROptions` says); ``mapping`` not a
             :class:`~hetero_replay.mapping.Mapping`.
         ValueError: a ``Dict`` observation space (that is
             :class:`DictPrioritizedReplayBuffer`'s), ``buffer_size`` or
-            ``n_envs`` below 1, a negative ``seed``,
-            ``alpha < 0``, ``beta`` outside ``[0, 1]``, ``eps < 0``, an unknown
-            ``tree``, a bad ``fanout``, ``optimize_memory_usage`` together with
+            ``n_envs`` below 1, a negative ``seed``, a PER option out of range
+            (as :class:`~hetero_replay.PEROptions` says), an unknown
+            ``tree``, ``optimize_memory_usage`` together with
             ``handle_timeout_termination``, a ``mapping`` whose inference and
             train devices differ (SB3 acts and trains with one policy), or a
             ``tree`` or ``device`` that contradicts the mapping.
@@ -167,18 +164,19 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         n_envs: int = 1,
         optimize_memory_usage: bool = False,
         handle_timeout_termination: bool = True,
-        alpha: float = 0.6,
-        beta: float = 0.4,
-        eps: float = DEFAULT_EPS,
-        tree: str = "auto",
-        fanout: int = 16,
-        priority_dtype: str = "float32",
-        stratified: bool = True,
+        alpha: float = UNSET,
+        beta: float = UNSET,
+        eps: float = UNSET,
+        tree: str = UNSET,
+        fanout: int = UNSET,
+        priority_dtype: str = UNSET,
+        stratified: bool = UNSET,
         seed: int | None = None,
         mapping: Mapping | None = None,
+        options: PEROptions | None = None,
     ) -> None:
-        # The core engine checks alpha, beta, eps, tree, fanout, priority_dtype
-        # and stratified; these arguments are the adapter's own (or reach NumPy unnamed).
+        # The PER options are checked by PEROptions; these arguments are the
+        # adapter's own (or would reach NumPy unnamed).
         _check_int("buffer_size", buffer_size, minimum=1)
         _check_int("n_envs", n_envs, minimum=1)
         for name, flag in [
@@ -189,13 +187,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
         if seed is not None:
             _check_int("seed", seed, minimum=0)
+        options = PEROptions.of(
+            options, alpha=alpha, beta=beta, eps=eps, tree=tree, fanout=fanout,
+            priority_dtype=priority_dtype, stratified=stratified,
+        )  # fmt: skip
         if mapping is not None:
             mapping = one_policy_mapping(mapping, type(self).__name__)
             device = _mapped_device(device, mapping)
-            if tree != "auto":
+            if options.tree != "auto":
                 raise ValueError(
-                    f"tree={tree!r} and the mapping both choose the tree backend; "
-                    f"set it in the mapping instead (Mapping(tree={tree!r}, ...))"
+                    f"tree={options.tree!r} and the mapping both choose the tree backend; "
+                    f"set it in the mapping instead (Mapping(tree={options.tree!r}, ...))"
                 )
         # Skip ReplayBuffer.__init__: it would allocate SB3's NumPy arrays, a
         # second copy of what the core engine stores.
@@ -208,10 +210,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.buffer_size = max(buffer_size // n_envs, 1)  # rows, as in SB3
         self.optimize_memory_usage = bool(optimize_memory_usage)
         self.handle_timeout_termination = bool(handle_timeout_termination)
-        self._config: dict[str, Any] = dict(
-            alpha=alpha, beta=beta, eps=eps, tree=tree, fanout=fanout,
-            priority_dtype=priority_dtype, stratified=stratified,
-        )  # fmt: skip
+        # The core engine's keyword arguments: the options, and the mapping's placement (its tree included).
+        self._config: dict[str, Any] = dict(options=options)
         self.mapping = mapping
         if mapping is not None:
             self._config.update(mapping.replay_kwargs())
@@ -410,7 +410,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         A safe cast (same dtype, bool -> float32, ...) changes no value, and
         the pairs seen are remembered, so the usual ``add`` pays one set lookup
         per field; any other cast goes through
-        :meth:`hetero_replay.storage.Field.cast` (within a kind, no value
+        :meth:`hetero_replay.Field.cast` (within a kind, no value
         changed: no float into an int field, no integer that would wrap, no
         float that would overflow to inf), whose ``ValueError`` names the field.
         """

@@ -19,6 +19,7 @@ from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule, get
 
 from hetero_replay.adapters.sb3.buffers import DictPrioritizedReplayBuffer, PrioritizedReplayBuffer
 from hetero_replay.mapping import Mapping, one_policy_mapping
+from hetero_replay.options import check_beta
 from hetero_replay.torch_batches import same_device
 
 #: ``progress_remaining`` (1 at the start of training, 0 at the end) -> beta.
@@ -36,7 +37,8 @@ class PERMixin:
     * With no ``replay_buffer_class`` the algorithm uses
       :class:`PrioritizedReplayBuffer` (:class:`DictPrioritizedReplayBuffer` for
       ``Dict`` observations); its options go in ``replay_buffer_kwargs``
-      (``alpha``, ``beta``, ``eps``, ``tree``, ...). A buffer class without
+      (the PER options ``alpha``, ``beta``, ``eps``, ``tree``, ... or a ready
+      ``options=PEROptions(...)``; see :class:`hetero_replay.PEROptions`). A buffer class without
       ``update_priorities`` is refused with a ``TypeError``.
     * ``beta`` is annealed by ``beta_schedule``, called with SB3's
       ``_current_progress_remaining`` at each ``train()``. The default goes
@@ -92,7 +94,7 @@ class PERMixin:
                 "beta_schedule must be None, a float or a callable, "
                 f"got {type(beta_schedule).__name__} {beta_schedule!r}"
             )
-        if constant and not 0.0 <= beta_schedule <= 1.0:
+        if constant and not _is_beta(beta_schedule):
             raise ValueError(f"beta_schedule: a constant beta must be in [0, 1], got {beta_schedule}")
         buffer_kwargs = dict(kwargs.get("replay_buffer_kwargs") or {})
         if "mapping" in buffer_kwargs:  # one mapping per model, kept on the model
@@ -173,7 +175,7 @@ class PERMixin:
         """Set the buffer's beta from the schedule; returns it."""
         assert callable(self.beta_schedule)
         beta = self.beta_schedule(self._current_progress_remaining)
-        if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0.0 <= beta <= 1.0:
+        if not _is_beta(beta):
             raise ValueError(
                 f"beta_schedule returned {beta!r} at progress_remaining={self._current_progress_remaining:.3f}; "
                 "beta must be a number in [0, 1]"
@@ -187,6 +189,15 @@ class PERMixin:
         self.logger.record("train/per_beta", beta)
         self.logger.record("train/per_mean_weight", float(np.mean(mean_weights)))
         self.logger.record("train/per_max_priority", self.replay_buffer.max_priority)
+
+
+def _is_beta(value: Any) -> bool:
+    """Whether the core accepts ``value`` as beta (:func:`hetero_replay.options.check_beta`: a finite real in [0, 1])."""
+    try:
+        check_beta(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _require_same_env(buffer: Any, model: Any, algo: str) -> None:

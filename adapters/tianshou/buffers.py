@@ -4,8 +4,9 @@
 subclass Tianshou's ``PrioritizedReplayBuffer`` and ``PrioritizedVectorReplayBuffer``,
 so ``Collector``, the trainers, every stock algorithm and ``isinstance`` checks treat
 them as Tianshou's own. Transitions stay in Tianshou's ``Batch`` storage; only the
-priorities move into a tree from :func:`hetero_replay.trees.make_tree` (the C++
-K-ary tree by default). What changes compared with Tianshou's buffers:
+priorities move, into the core's :class:`hetero_replay.Priorities` (the PER rules,
+over a sum tree: the C++ K-ary tree by default), so nothing about PER is
+re-implemented here. What changes compared with Tianshou's buffers:
 
 * **Sampling** is stratified by default (one draw per equal slice of the priority
   mass) and uses the buffer's own seeded ``numpy.random.Generator``
@@ -85,12 +86,12 @@ from tianshou.data.batch import IndexType
 from tianshou.data.types import PrioBatchProtocol, RolloutBatchProtocol
 from tianshou.data.utils.converter import to_hdf5
 
+from hetero_replay import UNSET, PEROptions, Priorities, SumTree
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer, add_rows, storable
 from hetero_replay.adapters.tianshou.staging import commit, stage
 from hetero_replay.mapping import HOST, Mapping
-from hetero_replay.replay import DEFAULT_EPS
-from hetero_replay.trees import SumTree, make_tree
-
+from hetero_replay.options import check_batch_size
+from hetero_replay.priorities import Normalise
 
 #: The keys ``ReplayBuffer.__getitem__`` always returns (filled with empty Batches if not stored).
 _ROW_KEYS = frozenset(ReplayBuffer._reserved_keys)
@@ -149,13 +150,6 @@ def _holding(*buffers: Any) -> Iterator[None]:
 # -- argument checks ------------------------------------------------------------------------
 
 
-def _real(value: Any, name: str) -> float:
-    """``value`` as a float; ``TypeError`` naming ``name`` unless it is a real number (a bool is not)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
 def _count(value: Any, name: str) -> int:
     """``value`` as a positive int; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
@@ -171,26 +165,20 @@ def _flag(value: Any, name: str) -> bool:
     return bool(value)
 
 
-def _check_beta(value: Any) -> float:
-    beta = _real(value, "beta")
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must lie in [0, 1], got {value!r}")
-    return beta
+def _check_arguments(
+    options: PEROptions | None, per: dict[str, Any], weight_norm: Any, random_seed: Any, kwargs: dict[str, Any]
+) -> PEROptions:
+    """Check the constructor arguments both buffers share, before anything is built; returns the PER options.
 
-
-def _check_arguments(alpha: Any, beta: Any, eps: Any, flags: dict[str, Any], random_seed: Any, kwargs: dict[str, Any]) -> None:
-    """Check the constructor arguments both buffers share, before anything is built.
-
-    ``flags`` are the boolean arguments by name; ``kwargs`` the Tianshou storage
-    options, which Tianshou's ``**kwargs`` would swallow unchecked (typos included).
+    ``per`` are the PER keyword arguments by :class:`~hetero_replay.PEROptions`
+    field (``UNSET`` where not given), merged into ``options`` and checked
+    there; ``kwargs`` the Tianshou storage options, which Tianshou's
+    ``**kwargs`` would swallow unchecked (typos included).
     """
-    if not (math.isfinite(_real(alpha, "alpha")) and alpha >= 0):
-        raise ValueError(f"alpha must be finite and >= 0, got {alpha!r}")
-    _check_beta(beta)
-    if not (math.isfinite(_real(eps, "eps")) and eps > 0):
-        raise ValueError(f"eps must be finite and > 0 (so no stored transition has priority 0), got {eps!r}")
-    for name, value in flags.items():
-        _flag(value, name)
+    merged = PEROptions.of(options, **per)
+    if merged.eps <= 0:  # the one rule of our own: stored transitions are the slots with a positive priority
+        raise ValueError(f"eps must be > 0 (so no stored transition has priority 0), got {merged.eps!r}")
+    _flag(weight_norm, "weight_norm")
     if random_seed is not None and (isinstance(random_seed, (bool, np.bool_)) or not isinstance(random_seed, (int, np.integer))):
         raise TypeError(f"random_seed must be an integer or None, got {type(random_seed).__name__} {random_seed!r}")
     unknown = sorted(set(kwargs) - set(_STORAGE_OPTIONS) - {"sample_avail"})
@@ -204,6 +192,7 @@ def _check_arguments(alpha: Any, beta: Any, eps: Any, flags: dict[str, Any], ran
             "sample_avail=True is not supported: prioritized sampling draws from every stored "
             "transition (Tianshou's PrioritizedReplayBuffer ignores it as well)"
         )
+    return merged
 
 
 def _check_batch_size(batch_size: Any) -> None:
@@ -276,7 +265,7 @@ class PriorityWeights:
         if not np.all(np.isfinite(values) & (values > 0)):
             raise ValueError(f"weight values must be positive and finite as {tree.dtype}, got {value!r}")
         with self._buffer.lock:
-            self._buffer._stored_leaves(idx)
+            self._buffer._check_stored(idx)
             tree.update(idx, np.broadcast_to(values.reshape(-1), idx.shape).copy())
 
     def reduce(self, start: int = 0, end: int | None = None) -> float:
@@ -289,53 +278,41 @@ class PriorityWeights:
 
 
 class _TreePriorities:
-    """The priority half of both buffers: a sum tree, alpha/beta/eps, the max priority and the lock.
+    """The priority half of both buffers: the core's :class:`~hetero_replay.Priorities`, a generator, the lock.
 
     Placed first in the bases so it replaces Tianshou's ``SegmentTree`` methods
     (``init_weight``, ``sample_indices``, ``get_weight``, ``update_weight``,
     ``__getitem__``, ``set_beta``) for both the single and the vector buffer,
-    and wraps the inherited public methods in the buffer's lock.
+    and wraps the inherited public methods in the buffer's lock. The PER rules
+    (priorities from TD errors, the max priority, IS weights, beta's range) are
+    the core's; what stays here is Tianshou's side: its batch sizes, which
+    slots hold stored transitions, the ``weight`` view, the lock.
     """
 
-    priority_tree: SumTree
+    priorities: Priorities
     mapping: Mapping | None
-    _alpha: float
-    _beta: float
-    _eps: float
-    _stratified: bool
     _weight_norm: bool
     _rng: np.random.Generator
-    _max_prio: float
     _lock: threading.RLock
 
     def _init_priorities(
         self,
         capacity: int,
-        alpha: float,
-        beta: float,
-        eps: float,
-        backend: str,
-        fanout: int,
-        stratified: bool,
+        options: PEROptions,
         weight_norm: bool,
         random_seed: int | None,
         mapping: Mapping | None,
     ) -> None:
-        """Build the tree and the priority state from arguments :func:`_check_arguments` accepted."""
+        """Build the priorities from arguments :func:`_check_arguments` accepted, where ``mapping`` puts the tree."""
         tree_device = None
         if mapping is not None:
-            mapping = _checked_mapping(mapping, backend)
+            mapping = _checked_mapping(mapping, options.tree)
             placement = mapping.replay_kwargs()
-            backend, tree_device = placement["tree"], placement["tree_device"]
+            options, tree_device = options.replace(tree=placement["tree"]), placement["tree_device"]
         self.mapping = mapping
-        self.priority_tree = make_tree(backend, capacity, fanout, device=tree_device)
-        if not np.power(self.priority_tree.dtype.type(eps), self.priority_tree.dtype.type(alpha)) > 0:
-            raise ValueError(f"eps ** alpha = {eps} ** {alpha} underflows to 0; stored transitions need a positive priority")
-        self._alpha, self._eps = float(alpha), float(eps)
-        self._beta = _check_beta(beta)
-        self._stratified, self._weight_norm = bool(stratified), bool(weight_norm)
+        self.priorities = Priorities(capacity, options, tree_device)
+        self._weight_norm = bool(weight_norm)
         self._rng = np.random.default_rng(random_seed)
-        self._max_prio = 1.0  # largest |TD error| + eps so far; new transitions get its alpha power
         self._lock = threading.RLock()
         _LIVE.add(self)
 
@@ -344,17 +321,27 @@ class _TreePriorities:
     @property
     def alpha(self) -> float:
         """Priority exponent: transition i is sampled with probability p_i^alpha / sum p^alpha."""
-        return self._alpha
+        return self.priorities.alpha
 
     @property
     def beta(self) -> float:
         """Current IS-weight exponent (change it with :meth:`set_beta`)."""
-        return self._beta
+        return self.priorities.beta
+
+    @property
+    def eps(self) -> float:
+        """Added to every ``|TD error|``; ``eps ** alpha`` is the smallest priority of a stored transition."""
+        return self.priorities.eps
 
     @property
     def max_priority(self) -> float:
         """Largest ``|TD error| + eps`` fed back so far (1 at the start)."""
-        return self._max_prio
+        return self.priorities.max_priority
+
+    @property
+    def priority_tree(self) -> SumTree:
+        """The sum tree of priorities ``p_i ** alpha`` (read it; change priorities through the buffer)."""
+        return self.priorities.tree
 
     @property
     def weight(self) -> PriorityWeights:
@@ -375,9 +362,8 @@ class _TreePriorities:
 
         Raises ``TypeError`` unless ``beta`` is a real number, ``ValueError`` outside [0, 1].
         """
-        beta = _check_beta(beta)
         with self._lock:
-            self._beta = beta
+            self.priorities.beta = beta
 
     # -- Tianshou's PrioritizedReplayBuffer interface ---------------------------------------
 
@@ -385,7 +371,7 @@ class _TreePriorities:
         """Give transitions at ``index`` the largest priority seen so far (one tree call for all)."""
         idx = np.atleast_1d(_as_indices(index))
         with self._lock:
-            self._init_weight(idx)
+            self.priorities.assign_new(idx)
 
     def sample_indices(self, batch_size: int | None) -> np.ndarray:
         """``batch_size`` indices drawn by priority.
@@ -414,9 +400,9 @@ class _TreePriorities:
         with self._lock:
             if batch_size is None or batch_size <= 0:
                 return super().sample(batch_size)  # type: ignore[misc]
-            indices, weights = self._draw(batch_size)
+            indices, weights = self._draw(batch_size, self._normalise)
             batch = self._rows(indices)
-        batch.__dict__["weight"] = self._normalised(weights)  # a float32 array: nothing for Batch to parse
+        batch.__dict__["weight"] = weights  # a float32 array: nothing for Batch to parse
         return cast(PrioBatchProtocol, batch), indices
 
     def get_weight(self, index: int | np.ndarray) -> np.ndarray:
@@ -426,12 +412,8 @@ class _TreePriorities:
             TypeError: non-integer indices.
             IndexError: an index that holds no stored transition.
         """
-        idx = np.atleast_1d(_as_indices(index))
         with self._lock:
-            leaves = self._stored_leaves(idx)
-            # Same float64 ratio -> float32 power as the tree's own ``sample``.
-            ratio = (self.priority_tree.min() / leaves.astype(np.float64)).astype(np.float32)
-            return np.power(ratio, np.float32(self._beta))
+            return self._weights(index, "global")
 
     def update_weight(self, index: np.ndarray, new_weight: np.ndarray | torch.Tensor) -> None:
         """Set priorities from TD errors: ``p = (|td| + eps) ** alpha``.
@@ -461,9 +443,8 @@ class _TreePriorities:
         if idx.ndim != 1:
             raise TypeError(f"index must be a 1-D integer array, got shape {idx.shape}")
         with self._lock:
-            self._stored_leaves(idx)
-            max_raw = self.priority_tree.update_td(idx, td, self._alpha, self._eps)
-            self._max_prio = max(self._max_prio, max_raw)
+            self._check_stored(idx)
+            self.priorities.update(idx, td)
 
     def __getitem__(self, index: IndexType) -> PrioBatchProtocol:
         """``self[index]`` with ``weight`` = IS weights under the current beta (see ``weight_norm``).
@@ -478,7 +459,7 @@ class _TreePriorities:
                 indices = self.sample_indices(0) if index == slice(None) else self._indices[:stored][index]  # type: ignore[attr-defined]
             else:
                 indices = index
-            weights = self._normalised(self.get_weight(indices))  # checks the indices before any row is read
+            weights = self._weights(indices, self._normalise)  # checks the indices before any row is read
             batch = self._rows(indices)
         batch.__dict__["weight"] = np.asarray(weights[0]) if np.ndim(indices) == 0 else weights  # buf[i]: 0-d, as Tianshou
         return cast(PrioBatchProtocol, batch)
@@ -489,8 +470,8 @@ class _TreePriorities:
         """Clear all data, as Tianshou's ``reset``, and all priorities with it."""
         with self._lock:
             super().reset(keep_statistics=keep_statistics)  # type: ignore[misc]
-            self.priority_tree.load_leaves(np.zeros(self.priority_tree.capacity, self.priority_tree.dtype))
-            self._max_prio = 1.0
+            tree = self.priorities.tree
+            self.priorities.load(np.zeros(tree.capacity, tree.dtype), max_priority=1.0)
 
     def hasnull(self) -> bool:
         """Whether a stored transition holds a NaN or None (Tianshou's check after each collect).
@@ -547,7 +528,11 @@ class _TreePriorities:
         return clone
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state.setdefault("_weight_norm", False)  # saved before weight_norm existed
+        if "priorities" not in state:
+            raise ValueError(
+                f"cannot restore this {type(self).__name__}: it was saved by an older hetero-replay "
+                "(its priorities in 'priority_tree'); rebuild the buffer"
+            )
         super().__setstate__(state)  # type: ignore[misc]
         self._lock = threading.RLock()
         _LIVE.add(self)
@@ -558,9 +543,16 @@ class _TreePriorities:
         """The attributes that make up the buffer: all but the lock (neither picklable nor shareable)."""
         return {key: value for key, value in self.__dict__.items() if key != "_lock"}
 
-    def _normalised(self, weights: np.ndarray) -> np.ndarray:
-        """With ``weight_norm``, IS weights divided by their maximum, as Tianshou's ``weight_norm=True``."""
-        return weights / weights.max() if self._weight_norm and weights.size else weights
+    @property
+    def _normalise(self) -> Normalise:
+        """How IS weights are normalised: by the batch maximum with ``weight_norm`` (Tianshou's), else globally."""
+        return "batch" if self._weight_norm else "global"
+
+    def _weights(self, index: Any, normalise: Normalise) -> np.ndarray:
+        """IS weights of the stored transitions at ``index`` (a 1-D array), indices checked first. Hold the lock."""
+        idx = np.atleast_1d(_as_indices(index))
+        self._check_stored(idx)
+        return self.priorities.weights(idx, normalise=normalise)
 
     def _rows(self, indices: Any) -> PrioBatchProtocol:
         """``ReplayBuffer.__getitem__(indices)``: the stored rows, as Tianshou returns them.
@@ -575,21 +567,24 @@ class _TreePriorities:
             return cast(PrioBatchProtocol, _take_rows(meta, indices))
         return super(PrioritizedReplayBuffer, self).__getitem__(indices)  # type: ignore[misc]
 
-    def _init_weight(self, idx: np.ndarray) -> None:
-        """:meth:`init_weight` for the int64 indices ``add`` and ``update`` computed, under the lock."""
-        self.priority_tree.update(idx, np.full(len(idx), self._max_prio**self._alpha, self.priority_tree.dtype))
+    def _draw(self, batch_size: int, normalise: Normalise = "global") -> tuple[np.ndarray, np.ndarray]:
+        """``(indices, IS weights)`` of ``batch_size`` transitions drawn by priority. Hold the lock.
 
-    def _draw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        Through :meth:`~hetero_replay.Priorities.draw`: a buffer holding a
+        transition holds a positive priority (``eps > 0``), so the core's check
+        for a positive total, a sync on a device tree, is not needed.
+        """
+        n = check_batch_size(batch_size)
         if len(self) == 0:  # type: ignore[arg-type]
             raise ValueError(f"cannot sample {batch_size} transitions from an empty buffer; add transitions first")
-        return self.priority_tree.sample(int(batch_size), self._rng, self._beta, self._stratified)
+        return self.priorities.draw(n, self._rng, self.priorities.beta, normalise)
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """``(starts, stops)``: global index range ``[start, stop)`` of each sub-buffer's stored rows."""
         raise NotImplementedError
 
-    def _stored_leaves(self, idx: np.ndarray) -> np.ndarray:
-        """Priorities at the 1-D indices ``idx``; ``IndexError`` naming the first that holds no stored transition.
+    def _check_stored(self, idx: np.ndarray) -> None:
+        """``IndexError`` naming the first of the 1-D indices ``idx`` that holds no stored transition.
 
         Stored transitions are exactly the leaves with a positive priority: slots
         never written (or cleared by ``reset``) hold 0, and a stored one holds at
@@ -600,7 +595,6 @@ class _TreePriorities:
         if bad.size:
             i = int(bad[0])
             raise IndexError(f"index at position {i} is {int(idx[i])}, which holds no stored transition")
-        return leaves
 
 
 def _leaf_arrays(batch: Batch) -> Iterator[Any]:
@@ -656,18 +650,17 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
 
     Args:
         size: transitions kept; the oldest is overwritten first.
-        alpha: priority exponent (0 samples uniformly).
-        beta: initial IS-weight exponent in [0, 1]; anneal it with :meth:`set_beta`
-            or :class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper`.
-        eps: added to every ``|TD error|``; it floors the smallest priority, which sets
-            the global IS-weight normalisation. The default is this package's 1e-6,
-            not Tianshou's float32 epsilon (1.2e-7): with that, one near-zero TD error
-            in a full buffer shrank the mean IS weight to ~1e-3 and slowed DQN's
-            learning on CartPole (docs/design-notes.md, "eps").
-        backend: sum-tree backend, ``"auto"`` or a name from
-            :func:`hetero_replay.trees.backends` (``"native"``, ``"numpy"``, ...).
-        fanout: children per tree node (a power of two, 2..64; 16 = one cache line).
-        stratified: one draw per equal slice of the priority mass; ``False`` for i.i.d.
+        alpha, beta, eps, backend, fanout, stratified: the PER options, documented
+            (with their defaults) once in :class:`hetero_replay.PEROptions`, where
+            ``backend`` is called ``tree``. Here ``eps`` must be > 0 (stored
+            transitions are the slots with a positive priority); its default is
+            not Tianshou's float32 epsilon (1.2e-7), with which one near-zero TD
+            error in a full buffer shrank the mean IS weight to ~1e-3 and slowed
+            DQN's learning on CartPole (docs/design-notes.md, "eps"). ``beta`` is
+            the starting value: anneal it with :meth:`set_beta` or
+            :class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper`.
+        options: a ready :class:`hetero_replay.PEROptions` (the way to set
+            ``priority_dtype``); the keyword arguments above, where given, override its fields.
         weight_norm: how IS weights ``(N P(i))^-beta`` are normalised. ``False``
             (the default): by their maximum over the whole buffer, ``(p_min / p_i) ** beta``,
             so a weight means the same in every batch (Schaul et al.'s definition).
@@ -683,13 +676,13 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
             ``save_only_last_obs``.
 
     Raises:
-        TypeError: an argument of the wrong type (``alpha``, ``beta``, ``eps`` must be
-            real numbers, ``stratified`` and ``weight_norm`` bools, ``size`` and
-            ``random_seed`` integers), an unknown keyword argument, or a
-            ``mapping`` that is not a :class:`~hetero_replay.mapping.Mapping`.
-        ValueError: a value out of range (``size`` < 1, ``alpha`` < 0, ``beta``
-            outside [0, 1], ``eps`` <= 0, ...), or a mapping that contradicts
-            ``backend`` or stores transitions off the host.
+        TypeError: an argument of the wrong type (the PER options as
+            :class:`~hetero_replay.PEROptions` says; ``weight_norm`` a bool,
+            ``size`` and ``random_seed`` integers), an unknown keyword argument,
+            or a ``mapping`` that is not a :class:`~hetero_replay.mapping.Mapping`.
+        ValueError: a value out of range (``size`` < 1, the PER options as
+            :class:`~hetero_replay.PEROptions` says, ``eps`` = 0, ...), or a
+            mapping that contradicts ``backend`` or stores transitions off the host.
         hetero_replay.mapping.DeviceUnavailableError: the mapping names a
             device this machine lacks.
 
@@ -713,24 +706,26 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
     def __init__(
         self,
         size: int,
-        alpha: float = 0.6,
-        beta: float = 0.4,
+        alpha: float = UNSET,
+        beta: float = UNSET,
         *,
-        eps: float = DEFAULT_EPS,
-        backend: str = "auto",
-        fanout: int = 16,
-        stratified: bool = True,
+        eps: float = UNSET,
+        backend: str = UNSET,
+        fanout: int = UNSET,
+        stratified: bool = UNSET,
+        options: PEROptions | None = None,
         weight_norm: bool = False,
         random_seed: int | None = 42,
         mapping: Mapping | None = None,
         **kwargs: Any,
     ) -> None:
         size = _count(size, "size")
-        _check_arguments(alpha, beta, eps, dict(stratified=stratified, weight_norm=weight_norm), random_seed, kwargs)
+        per = dict(alpha=alpha, beta=beta, eps=eps, tree=backend, fanout=fanout, stratified=stratified)
+        options = _check_arguments(options, per, weight_norm, random_seed, kwargs)
         # Not PrioritizedReplayBuffer.__init__: it builds (and JIT-compiles) a numba
-        # SegmentTree that the tree below replaces.
+        # SegmentTree that the priorities below replace.
         ReplayBuffer.__init__(self, size, random_seed=_legacy_seed(random_seed), **kwargs)
-        self._init_priorities(size, alpha, beta, eps, backend, fanout, stratified, weight_norm, random_seed, mapping)
+        self._init_priorities(size, options, weight_norm, random_seed, mapping)
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(1, np.int64), np.array([len(self)], np.int64)
@@ -760,10 +755,11 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
         rows = storable(self, batch, stacked)
         with self._lock:
             staged = stage(self._meta, rows, 1, stacked)
+            priority = self.priorities.new_priority()  # checked before anything is written
             rew, done = staged.rows.rew[0], staged.rows.done[0]  # as stored: float rewards, bool flags
             ptr, ep_return, ep_len, ep_start = (np.array([x]) for x in self._update_state_pre_add(rew, done))
             commit(self, ptr, staged)
-            self._init_weight(ptr)
+            self.priorities.assign_new(ptr, priority)
         return ptr, ep_return, ep_len, ep_start
 
     def update(self, buffer: ReplayBuffer) -> np.ndarray:
@@ -790,12 +786,13 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
             if len(source) == 0:
                 return np.array([], int)
             staged = stage(self._meta, buffer._meta[source], len(source))
+            priority = self.priorities.new_priority()
             ptr = (self._insertion_idx + np.arange(len(source))) % self.maxsize
             commit(self, ptr, staged)
             self.last_index[0] = ptr[-1]
             self._insertion_idx = int(ptr[-1] + 1) % self.maxsize
             self._size = min(self._size + len(source), self.maxsize)
-            self._init_weight(ptr)
+            self.priorities.assign_new(ptr, priority)
         return ptr
 
 
@@ -809,8 +806,8 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
     Args:
         total_size: transitions kept over all sub-buffers.
         buffer_num: number of sub-buffers; at least the number of environments.
-        alpha, beta, eps, backend, fanout, stratified, weight_norm, random_seed, mapping, **kwargs: as in
-            :class:`HeteroPrioritizedReplayBuffer`.
+        alpha, beta, eps, backend, fanout, stratified, options, weight_norm, random_seed, mapping, **kwargs:
+            as in :class:`HeteroPrioritizedReplayBuffer`.
 
     Raises:
         TypeError, ValueError: as :class:`HeteroPrioritizedReplayBuffer`; also for
@@ -826,13 +823,14 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         self,
         total_size: int,
         buffer_num: int,
-        alpha: float = 0.6,
-        beta: float = 0.4,
+        alpha: float = UNSET,
+        beta: float = UNSET,
         *,
-        eps: float = DEFAULT_EPS,
-        backend: str = "auto",
-        fanout: int = 16,
-        stratified: bool = True,
+        eps: float = UNSET,
+        backend: str = UNSET,
+        fanout: int = UNSET,
+        stratified: bool = UNSET,
+        options: PEROptions | None = None,
         weight_norm: bool = False,
         random_seed: int | None = 42,
         mapping: Mapping | None = None,
@@ -841,7 +839,8 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         buffer_num = _count(buffer_num, "buffer_num")
         if _count(total_size, "total_size") < buffer_num:
             raise ValueError(f"total_size must be >= buffer_num={buffer_num}, got {total_size!r}")
-        _check_arguments(alpha, beta, eps, dict(stratified=stratified, weight_norm=weight_norm), random_seed, kwargs)
+        per = dict(alpha=alpha, beta=beta, eps=eps, tree=backend, fanout=fanout, stratified=stratified)
+        options = _check_arguments(options, per, weight_norm, random_seed, kwargs)
         size = math.ceil(total_size / buffer_num)
         # Non-prioritized children: the manager keeps one tree for all of them, so
         # Tianshou's per-child SegmentTrees (built, then deleted) are never made.
@@ -851,7 +850,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         ReplayBufferManager.__init__(self, children)  # type: ignore[arg-type]
         self._book = book
         self._random_state = np.random.RandomState(_legacy_seed(random_seed))
-        self._init_priorities(self.maxsize, alpha, beta, eps, backend, fanout, stratified, weight_norm, random_seed, mapping)
+        self._init_priorities(self.maxsize, options, weight_norm, random_seed, mapping)
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return self._offset, self._offset + self._lengths
@@ -893,8 +892,9 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
             staged = stage(self._meta, rows, len(ids))
             if len(set(listed)) != len(listed):  # one env twice in a step: Tianshou's sequential add,
                 return super().add(batch, ids)  # which cannot fail half-way on rows that staged
+            priority = self.priorities.new_priority()  # checked before anything is written
             ptr, ep_return, ep_len, ep_start = add_rows(self, staged, ids)
-            self._init_weight(ptr)
+            self.priorities.assign_new(ptr, priority)
         return ptr, ep_return, ep_len, ep_start
 
     def unfinished_index(self) -> np.ndarray:

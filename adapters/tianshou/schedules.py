@@ -9,13 +9,27 @@ each update with the number of updates it has performed so far.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from hetero_replay.options import check_beta
 
 #: ``schedule(update_index) -> beta in [0, 1]``.
 BetaSchedule = Callable[[int], float]
+
+
+def checked_beta(value: Any, what: str) -> float:
+    """``value`` as a float if the core accepts it as beta (a finite real number in [0, 1], not a bool).
+
+    Raises ``TypeError`` or ``ValueError``, as the core's check does, naming
+    ``what`` (a schedule's value, a wrapper argument) with the value received.
+    """
+    try:
+        return check_beta(value)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{what} must be a real number in [0, 1], got {type(value).__name__} {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -38,11 +52,7 @@ class LinearBetaSchedule:
 
     def __post_init__(self) -> None:
         for name in ("initial", "final"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"{name} must be a real number in [0, 1], got {type(value).__name__} {value!r}")
-            if not (math.isfinite(value) and 0.0 <= value <= 1.0):
-                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+            checked_beta(getattr(self, name), name)
         if isinstance(self.num_updates, bool) or not isinstance(self.num_updates, numbers.Integral):
             raise TypeError(f"num_updates must be an integer, got {type(self.num_updates).__name__} {self.num_updates!r}")
         if self.num_updates < 1:

@@ -47,11 +47,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from hetero_replay.adapters.tianshou.buffers import HeteroPrioritizedVectorReplayBuffer
-from hetero_replay.adapters.tianshou.schedules import BetaSchedule
-from hetero_replay.adapters.tianshou.weighted_updates import check_supported, weighted_update
-from hetero_replay.mapping import Mapping as DeviceMapping
-from hetero_replay.mapping import one_policy_mapping
 from tianshou.algorithm.algorithm_base import (
     OffPolicyAlgorithm,
     OffPolicyWrapperAlgorithm,
@@ -61,6 +56,12 @@ from tianshou.algorithm.algorithm_base import (
 )
 from tianshou.data import PrioritizedReplayBuffer, PrioritizedReplayBufferManager, ReplayBuffer
 from tianshou.data.types import RolloutBatchProtocol
+
+from hetero_replay.adapters.tianshou.buffers import HeteroPrioritizedVectorReplayBuffer
+from hetero_replay.adapters.tianshou.schedules import BetaSchedule, checked_beta
+from hetero_replay.adapters.tianshou.weighted_updates import check_supported, weighted_update
+from hetero_replay.mapping import Mapping as DeviceMapping
+from hetero_replay.mapping import one_policy_mapping
 
 
 class PERTrainingStats(TrainingStatsWrapper):
@@ -153,7 +154,7 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         check_supported(wrapped_algorithm)
         if not (callable(beta) or isinstance(beta, (int, float))):
             raise TypeError(f"beta must be a number or a schedule update -> beta, got {type(beta).__name__}")
-        _check_beta(beta(0) if callable(beta) else beta, "beta")
+        checked_beta(beta(0) if callable(beta) else beta, "beta")
         if mapping is not None:
             mapping = one_policy_mapping(mapping, "Tianshou")
         super().__init__(wrapped_algorithm=wrapped_algorithm)
@@ -173,7 +174,7 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
     def current_beta(self) -> float:
         """The beta the next update samples with."""
         beta = self.beta_schedule(self.num_updates) if callable(self.beta_schedule) else self.beta_schedule
-        return _check_beta(beta, f"beta schedule at update {self.num_updates}")
+        return checked_beta(beta, f"beta schedule at update {self.num_updates}")
 
     def update(self, buffer: ReplayBuffer, sample_size: int | None) -> TrainingStats:
         """Set beta on ``buffer``, then sample, update and feed TD errors back as Tianshou does.
@@ -280,12 +281,3 @@ def _set_beta(buffer: PrioritizedReplayBuffer, beta: float) -> None:
         # Tianshou's PrioritizedVectorReplayBuffer.set_beta only reaches its children,
         # whose trees are unused; sampling reads the manager's own _beta.
         PrioritizedReplayBuffer.set_beta(buffer, beta)
-
-
-def _check_beta(value: Any, what: str) -> float:
-    """``value`` as a float; ``TypeError`` unless a real number (a bool is not), ``ValueError`` outside [0, 1]."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{what} must be a real number in [0, 1], got {type(value).__name__} {value!r}")
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{what} must be a number in [0, 1], got {value!r}")
-    return float(value)
