@@ -34,8 +34,9 @@ import reprlib
 import secrets
 import stat
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -74,22 +74,26 @@ class PEROptions:
         if not isinstance(self.tree, str):
             raise TypeError(f"tree must be a backend name, got {type(self.tree).__name__} {self.tree!r}")
         if isinstance(self.fanout, (bool, np.bool_)) or not isinstance(self.fanout, (int, np.integer)):
-            raise TypeError(f"fanout must be an integer, one of {FANOUTS}; got {type(self.fanout).__name__} {self.fanout!r}")
+            raise TypeError(
+                f"fanout must be an integer, one of {FANOUTS}; got {type(self.fanout).__name__} {self.fanout!r}"
+            )
         if self.fanout not in FANOUTS:
             raise ValueError(f"fanout must be one of {FANOUTS}; got {self.fanout}")
         set_(self, "fanout", int(self.fanout))
         set_(self, "priority_dtype", check_priority_dtype(self.priority_dtype).name)
         if not isinstance(self.stratified, (bool, np.bool_)):
-            raise TypeError(f"stratified must be True or False, got {type(self.stratified).__name__} {self.stratified!r}")
+            raise TypeError(
+                f"stratified must be True or False, got {type(self.stratified).__name__} {self.stratified!r}"
+            )
         set_(self, "stratified", bool(self.stratified))
         check_floor(self.alpha, self.eps, np.dtype(self.priority_dtype))
 
-    def replace(self, **changes: Any) -> "PEROptions":
+    def replace(self, **changes: Any) -> PEROptions:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def of(cls, options: "PEROptions | None" = None, **changes: Any) -> "PEROptions":
+    def of(cls, options: PEROptions | None = None, **changes: Any) -> PEROptions:
         """``options`` (default: the defaults) with the keyword arguments given (not :data:`UNSET`).
 
         How buffers take ``alpha=...`` etc. and an ``options=`` object at once.

@@ -23,13 +23,13 @@ flight finish first), so a child process gets a consistent, usable buffer.
 from __future__ import annotations
 
 import os
-import threading
-import weakref
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from hetero_replay import checkpoint
+from hetero_replay.forksafe import INNER, ForkSafeLock
 from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions, check_batch_size, check_beta, check_seed
 from hetero_replay.priorities import Priorities
 from hetero_replay.storage import HOST, Schema, Storage, make_storage
@@ -122,10 +122,9 @@ class PrioritizedReplay:
             from hetero_replay.torch_batches import TorchBatches
 
             self._batches = TorchBatches(self.storage, self.priorities.tree, device)
-        self._lock = threading.RLock()
+        self._lock = ForkSafeLock(INNER)
         self._pos = 0
         self._size = 0
-        _LIVE.add(self)
 
     # -- hyper-parameters (the PER rules are the Priorities') ---------------------------
 
@@ -342,17 +341,14 @@ class PrioritizedReplay:
         with self._lock:
             self._become(fresh)
 
-    def _become(self, fresh: "PrioritizedReplay") -> None:
+    def _become(self, fresh: PrioritizedReplay) -> None:
         """Take over ``fresh``'s state, keeping this buffer's lock (other threads may wait on it)."""
-        _LIVE.discard(fresh)
         state = dict(fresh.__dict__)
         state.pop("_lock")
         self.__dict__.update(state)
 
     @classmethod
-    def from_state_dict(
-        cls, state: Mapping[str, Any], tree: str = "auto", **placement: Any
-    ) -> "PrioritizedReplay":
+    def from_state_dict(cls, state: Mapping[str, Any], tree: str = "auto", **placement: Any) -> PrioritizedReplay:
         """A new buffer restored from :meth:`state_dict` output.
 
         ``placement``: ``tree_device``, ``storage`` and ``device`` as in the
@@ -383,8 +379,7 @@ class PrioritizedReplay:
             arr = np.asarray(storage[name])
             if arr.shape != (size, *field.shape) or arr.dtype != field.dtype:
                 raise ValueError(
-                    f"field {name!r}: state holds {arr.dtype}{arr.shape}, "
-                    f"expected {field.dtype}{(size, *field.shape)}"
+                    f"field {name!r}: state holds {arr.dtype}{arr.shape}, expected {field.dtype}{(size, *field.shape)}"
                 )
         if priorities.shape != (size,):
             raise ValueError(f"priorities: expected shape ({size},), got {priorities.shape}")
@@ -409,7 +404,7 @@ class PrioritizedReplay:
             checkpoint.write(path, state, arrays)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], tree: str = "auto", **placement: Any) -> "PrioritizedReplay":
+    def load(cls, path: str | os.PathLike[str], tree: str = "auto", **placement: Any) -> PrioritizedReplay:
         """Read a buffer written by :meth:`save`; a corrupt file raises ``ReplayFileError``.
 
         ``placement``: ``tree_device``, ``storage`` and ``device`` as in the constructor.
@@ -440,40 +435,8 @@ class PrioritizedReplay:
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         fresh = PrioritizedReplay.from_state_dict(d["state"], tree=d["tree"], **d.get("placement", {}))
-        self._lock = threading.RLock()
+        self._lock = ForkSafeLock(INNER)
         self._become(fresh)
-        _LIVE.add(self)
-
-
-# -- fork ------------------------------------------------------------------------------
-# Every live buffer's lock is held across fork(): operations in flight on other
-# threads finish first, and none starts, so the child copies consistent
-# buffers. The child gets fresh locks (the parent's threads do not exist there).
-_LIVE: "weakref.WeakSet[PrioritizedReplay]" = weakref.WeakSet()
-_FORK_HELD: list[PrioritizedReplay] = []
-
-
-def _before_fork() -> None:
-    buffers = list(_LIVE)
-    for buf in buffers:
-        buf._lock.acquire()
-    _FORK_HELD[:] = buffers
-
-
-def _after_fork_in_parent() -> None:
-    for buf in _FORK_HELD:
-        buf._lock.release()
-    _FORK_HELD.clear()
-
-
-def _after_fork_in_child() -> None:
-    for buf in _FORK_HELD:
-        buf._lock = threading.RLock()
-    _FORK_HELD.clear()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 __all__ = ["DEFAULT_EPS", "PrioritizedReplay", "Sample"]

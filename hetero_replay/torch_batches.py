@@ -66,11 +66,14 @@ class TorchBatches:
             else None
         )
 
-    def draw(self, priorities: Priorities, batch_size: int, rng: np.random.Generator, beta: float) -> tuple[Any, Any, Any]:
+    def draw(
+        self, priorities: Priorities, batch_size: int, rng: np.random.Generator, beta: float
+    ) -> tuple[Any, Any, Any]:
         """``(data, indices, weights)`` of ``batch_size`` draws; arguments already checked."""
         if self._fused is not None:
+            assert isinstance(self.storage, TorchStorage)  # _fused is set for a TorchStorage only
             indices, weights, data = self._fused.sample_rows(
-                batch_size, rng, beta, self.storage.arrays, priorities.stratified  # type: ignore[attr-defined]
+                batch_size, rng, beta, self.storage.arrays, priorities.stratified
             )
             return data, indices, weights
         if self._device_tree is not None:

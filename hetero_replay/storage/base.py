@@ -10,7 +10,8 @@ and remote storages plug in through :func:`hetero_replay.registry.register_stora
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from hetero_replay.storage.schema import Field, Schema
 
@@ -59,41 +60,43 @@ def check_batch(
     capacity: int,
     batch: Any,
     every_field: bool,
-    convert: Callable[[str, Field, Any], Any],
+    as_array: Callable[[Any], Any],
+    cast: Callable[[str, Field, Any], Any],
 ) -> tuple[int, dict[str, Any]]:
     """The checks every storage makes of a batch; returns ``(rows, arrays)``.
 
     ``batch`` must be a mapping holding every field of ``schema`` (or, unless
     ``every_field``, some of them and nothing else), each shaped
     ``(rows, *field.shape)`` with one ``rows`` throughout, ``rows <=
-    capacity``. ``convert(name, field, value)`` turns a value into the
-    storage's array type in the field's dtype (refusing casts that change
-    values, see :meth:`Field.cast`).
+    capacity``. ``as_array`` turns a value into the storage's array type;
+    ``cast(name, field, array)`` casts it to the field's dtype, refusing casts
+    that change values (see :meth:`Field.cast`). Runs on every ``add``: keep it lean.
     """
     if not isinstance(batch, Mapping):
         raise TypeError(f"a batch is a mapping of field name -> array, got {type(batch).__name__}")
-    names = list(schema)
-    unknown = [n for n in batch if n not in schema]
-    missing = [n for n in names if n not in batch] if every_field else []
-    if unknown or missing or not batch:
+    keys = batch.keys()
+    if (keys != schema.names) if every_field else not (keys and keys <= schema.names):
+        names = list(schema)
+        unknown = [n for n in keys if n not in schema.names]
+        missing = [n for n in names if n not in keys] if every_field else []
         raise ValueError(
             f"batch fields do not match the schema: missing {missing}, unknown {unknown}; expected "
             + (f"{names}" if every_field else f"some of {names}")
         )
-    rows, first = None, None
+    rows, first = None, ""
     out: dict[str, Any] = {}
     for name, field in schema.items():
         if name not in batch:
             continue
-        arr = convert(name, field, batch[name])
+        arr = as_array(batch[name])
         shape = tuple(arr.shape)
-        if len(shape) != len(field.shape) + 1 or shape[1:] != field.shape:
+        if shape[1:] != field.shape or len(shape) != len(field.shape) + 1:
             raise ValueError(f"field {name!r}: expected shape {_fmt(('n', *field.shape))}, got {shape}")
+        out[name] = cast(name, field, arr)
         if rows is None:
             rows, first = shape[0], name
         elif shape[0] != rows:
             raise ValueError(f"field {name!r} has {shape[0]} rows but {first!r} has {rows}")
-        out[name] = arr
     assert rows is not None
     if rows > capacity:
         raise ValueError(f"a batch of {rows} rows does not fit a capacity of {capacity}")

@@ -8,7 +8,8 @@ NumPy views of each field.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -55,11 +56,11 @@ class HostStorage:
         same kind (float64 -> float32 is fine, float -> int is not) without
         changing a value (see :meth:`Field.cast`).
         """
-        return check_batch(self.schema, self.capacity, batch, True, _to_array)
+        return check_batch(self.schema, self.capacity, batch, True, np.asarray, _cast)
 
     def validate_fields(self, fields: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
         """:meth:`validate` for some of the fields."""
-        return check_batch(self.schema, self.capacity, fields, False, _to_array)
+        return check_batch(self.schema, self.capacity, fields, False, np.asarray, _cast)
 
     def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
         """Write validated rows at ring positions ``start, start + 1, ...`` (wrapping).
@@ -67,9 +68,7 @@ class HostStorage:
         ``arrays`` holds every field (as :meth:`validate` returns them) or a subset.
         """
         if arrays.keys() == self._name_set:  # the common case: one C++ call for all fields
-            self._rows.write(
-                start, [np.ascontiguousarray(arrays[n], dtype=f.dtype) for n, f in self._fields]
-            )
+            self._rows.write(start, [np.ascontiguousarray(arrays[n], dtype=f.dtype) for n, f in self._fields])
             return
         for name, arr in arrays.items():
             rows, dst = len(arr), self.arrays[name]
@@ -124,8 +123,5 @@ def _contiguous_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...
     return tuple(reversed(strides))
 
 
-def _to_array(name: str, field: Field, value: Any) -> np.ndarray:
-    arr = np.asarray(value)
-    if arr.ndim == len(field.shape) + 1 and arr.shape[1:] == field.shape:
-        return field.cast(name, arr)
-    return arr  # wrong shape: check_batch says so, naming the field
+def _cast(name: str, field: Field, arr: np.ndarray) -> np.ndarray:
+    return arr if arr.dtype == field.dtype else field.cast(name, arr)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import ItemsView, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
-
 
 #: dtype kinds a field may have: bool, signed and unsigned integers, floats, complex.
 #: Storage copies rows as raw bytes, so objects (pointers without references),
@@ -105,9 +105,10 @@ class Schema(Mapping[str, Field]):
             if not isinstance(name, str) or not name:
                 raise ValueError(f"field names must be non-empty strings, got {name!r}")
             self._fields[name] = spec if isinstance(spec, Field) else Field(*spec)
+        self.names = frozenset(self._fields)  # for one-comparison checks of a batch's keys
 
     @classmethod
-    def from_spaces(cls, observation_space: Any, action_space: Any) -> "Schema":
+    def from_spaces(cls, observation_space: Any, action_space: Any) -> Schema:
         """Fields ``obs, action, reward, next_obs, done`` for a gymnasium env.
 
         ``Dict`` observation spaces become one field per key (``obs/<key>`` and
@@ -132,6 +133,9 @@ class Schema(Mapping[str, Field]):
 
     def __getitem__(self, name: str) -> Field:
         return self._fields[name]
+
+    def items(self) -> ItemsView[str, Field]:
+        return self._fields.items()  # the dict's own view: Mapping's generic one is slower per add
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._fields)
@@ -158,7 +162,7 @@ class Schema(Mapping[str, Field]):
         return {n: {"shape": list(f.shape), "dtype": f.dtype.str} for n, f in self._fields.items()}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Mapping[str, Any]]) -> "Schema":
+    def from_json(cls, data: Mapping[str, Mapping[str, Any]]) -> Schema:
         return cls({n: Field(tuple(d["shape"]), np.dtype(d["dtype"])) for n, d in data.items()})
 
 

@@ -14,7 +14,8 @@ tensors.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,8 +67,7 @@ class TorchStorage:
             raise RuntimeError("pinned host storage needs CUDA (it only speeds up copies to a GPU); none is available")
         self._dtypes = {name: torch_dtype(field.dtype) for name, field in self.schema.items()}
         self.arrays: dict[str, torch.Tensor] = {
-            name: self._zeros((self.capacity, *field.shape), self._dtypes[name])
-            for name, field in self.schema.items()
+            name: self._zeros((self.capacity, *field.shape), self._dtypes[name]) for name, field in self.schema.items()
         }
 
     def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -83,11 +83,11 @@ class TorchStorage:
         device (a narrowing cast is checked there, with one read back) or
         anything ``np.asarray`` takes.
         """
-        return check_batch(self.schema, self.capacity, batch, True, _to_array)
+        return check_batch(self.schema, self.capacity, batch, True, _as_array, _cast)
 
     def validate_fields(self, fields: Mapping[str, Any]) -> tuple[int, dict[str, torch.Tensor | np.ndarray]]:
         """:meth:`validate` for some of the fields."""
-        return check_batch(self.schema, self.capacity, fields, False, _to_array)
+        return check_batch(self.schema, self.capacity, fields, False, _as_array, _cast)
 
     def write(self, start: int, arrays: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """Write validated rows at ring positions ``start, start + 1, ...`` (wrapping)."""
@@ -147,15 +147,15 @@ class TorchStorage:
         return f"TorchStorage(capacity={self.capacity}, {where}, schema={self.schema!r})"
 
 
-def _to_array(name: str, field: Field, value: Any) -> torch.Tensor | np.ndarray:
-    if isinstance(value, torch.Tensor):
-        if value.ndim == len(field.shape) + 1 and tuple(value.shape[1:]) == field.shape:
-            _check_tensor_cast(name, value, field.dtype)
-        return value
-    arr = np.asarray(value)
-    if arr.ndim == len(field.shape) + 1 and arr.shape[1:] == field.shape:
-        return field.cast(name, arr)
-    return arr  # wrong shape: check_batch says so, naming the field
+def _as_array(value: Any) -> torch.Tensor | np.ndarray:
+    return value if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+def _cast(name: str, field: Field, arr: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    if isinstance(arr, torch.Tensor):
+        _check_tensor_cast(name, arr, field.dtype)  # written with its own dtype; the copy converts
+        return arr
+    return field.cast(name, arr)
 
 
 def _check_tensor_cast(name: str, t: torch.Tensor, dst: np.dtype) -> None:
@@ -174,7 +174,9 @@ def _check_tensor_cast(name: str, t: torch.Tensor, dst: np.dtype) -> None:
         info = np.iinfo(dst)
         low, high = int(t.min()), int(t.max())
         if low < info.min or high > info.max:
-            raise ValueError(f"field {name!r}: value {low if low < info.min else high} does not fit {dst} [{info.min}, {info.max}]")
+            raise ValueError(
+                f"field {name!r}: value {low if low < info.min else high} does not fit {dst} [{info.min}, {info.max}]"
+            )
     elif dst.kind == "f":
         overflow = torch.isfinite(t) & ~torch.isfinite(t.to(torch_dtype(dst)))
         if bool(overflow.any()):

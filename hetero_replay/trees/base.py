@@ -88,9 +88,7 @@ class SumTree(Protocol):
         cases nothing is written.
         """
 
-    def update_td(
-        self, indices: Any, td_errors: Any, alpha: float, eps: float, limit: int | None = None
-    ) -> float:
+    def update_td(self, indices: Any, td_errors: Any, alpha: float, eps: float, limit: int | None = None) -> float:
         """The PER priority update: ``leaf[indices] = (td + eps) ** alpha``.
 
         ``td_errors`` are magnitudes ``|TD error|``. Returns ``max(td + eps)`` (the
@@ -175,7 +173,7 @@ class TreeBase:
         sizes = [round_up(self._capacity)]
         while sizes[-1] != k:
             sizes.append(round_up(sizes[-1] // k))
-        self._alloc = [sizes[l + 1] * k for l in range(len(sizes) - 1)] + [k]
+        self._alloc = [sizes[level + 1] * k for level in range(len(sizes) - 1)] + [k]
         self._total = 0.0
         self._min = float("inf")
 

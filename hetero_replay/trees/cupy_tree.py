@@ -36,8 +36,9 @@ with torch's work when both use the default stream.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -258,9 +259,7 @@ class CupySumTree(TreeBase):
         if idx.size:
             self._run_update(self._upload(idx), self._upload(val), None, self._capacity, 0.0, 0.0)
 
-    def update_td(
-        self, indices: Any, td_errors: Any, alpha: float, eps: float, limit: int | None = None
-    ) -> float:
+    def update_td(self, indices: Any, td_errors: Any, alpha: float, eps: float, limit: int | None = None) -> float:
         bound = self._capacity if limit is None else min(limit, self._capacity)
         if self._kernels.accepts(indices) or self._kernels.accepts(td_errors):
             idx = self._device_indices(indices)
@@ -337,8 +336,10 @@ class CupySumTree(TreeBase):
         """
         import torch
 
-        rows = {name: torch.empty((batch_size, *src.shape[1:]), dtype=src.dtype, device=src.device)
-                for name, src in sources.items()}
+        rows = {
+            name: torch.empty((batch_size, *src.shape[1:]), dtype=src.dtype, device=src.device)
+            for name, src in sources.items()
+        }
         table = []
         for name, src in sources.items():
             if str(src.device) != self.device or not src.is_contiguous() or src.shape[0] < self._capacity:
@@ -366,8 +367,7 @@ class CupySumTree(TreeBase):
 
     def __repr__(self) -> str:
         return (
-            f"CupySumTree(capacity={self._capacity}, fanout={self._k}, "
-            f"dtype={self._dtype.name}, device={self.device})"
+            f"CupySumTree(capacity={self._capacity}, fanout={self._k}, dtype={self._dtype.name}, device={self.device})"
         )
 
     # -- internals -----------------------------------------------------------------
@@ -418,8 +418,17 @@ class CupySumTree(TreeBase):
         for level in range(1, self.num_levels):
             span *= self._k
             child_mins, child_prefix = self._children(level)
-            args = (n, keys, span, self._values[level - 1], child_mins, child_prefix,
-                    self._values[level], self._mins[level], self._status)
+            args = (
+                n,
+                keys,
+                span,
+                self._values[level - 1],
+                child_mins,
+                child_prefix,
+                self._values[level],
+                self._mins[level],
+                self._status,
+            )
             run("refresh_level", n, args)
         self._refresh_root()
         status = self._kernels.to_host(self._status)  # the one read of the update
@@ -469,8 +478,19 @@ class CupySumTree(TreeBase):
             raise TypeError(f"rng must be a numpy.random.Generator (or a cupy one), got {type(rng).__name__}")
         idx = xp.empty(batch_size, np.int64)
         weights = xp.empty(batch_size, np.float32)
-        args = (batch_size, u, int(bool(stratified)), self._total, self._min, float(beta),
-                self._values[0], self._table, self.num_levels, idx, weights)
+        args = (
+            batch_size,
+            u,
+            int(bool(stratified)),
+            self._total,
+            self._min,
+            float(beta),
+            self._values[0],
+            self._table,
+            self.num_levels,
+            idx,
+            weights,
+        )
         if fields is None:
             self._kernels.launch("sample", batch_size, args)
         else:
@@ -525,9 +545,7 @@ def _cuda_index(device: Any, cupy: Any) -> int:
         if index >= count:
             raise CudaUnavailableError(f"device {name!r} requested, but this machine has {count} CUDA device(s)")
         return index
-    raise ValueError(
-        f"the 'cupy' tree backend runs on 'cuda', 'cuda:N' or 'cpu' (its CPU executor); got {device!r}"
-    )
+    raise ValueError(f"the 'cupy' tree backend runs on 'cuda', 'cuda:N' or 'cpu' (its CPU executor); got {device!r}")
 
 
 __all__ = [

@@ -67,8 +67,7 @@ def as_priorities(values: Any, dtype: np.dtype, capacity: int, n: int | None = N
     if bad.size:
         i = int(bad[0])
         raise ValueError(
-            f"priority at position {i} is {arr[i]}; priorities must be >= 0 and "
-            f"<= {describe_max_leaf(dtype, capacity)}"
+            f"priority at position {i} is {arr[i]}; priorities must be >= 0 and <= {describe_max_leaf(dtype, capacity)}"
         )
     return arr
 
@@ -139,9 +138,7 @@ class NumpySumTree(TreeBase):
             nodes = np.unique(nodes // self._k)
         self._refresh_root()
 
-    def update_td(
-        self, indices: Any, td_errors: Any, alpha: float, eps: float, limit: int | None = None
-    ) -> float:
+    def update_td(self, indices: Any, td_errors: Any, alpha: float, eps: float, limit: int | None = None) -> float:
         bound = self._capacity if limit is None else min(limit, self._capacity)
         idx = as_indices(indices, bound)
         priorities, max_raw = priorities_from_td(td_errors, len(idx), alpha, eps, self._dtype, self._capacity)

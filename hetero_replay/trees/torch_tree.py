@@ -155,9 +155,7 @@ class TorchSumTree(TreeBase):
         if idx_np.size:
             self._apply(self._to_device(idx_np), self._to_device(val_np))
 
-    def update_td(
-        self, indices: Any, td_errors: Any, alpha: float, eps: float, limit: int | None = None
-    ) -> float:
+    def update_td(self, indices: Any, td_errors: Any, alpha: float, eps: float, limit: int | None = None) -> float:
         bound = self._capacity if limit is None else min(limit, self._capacity)
         if isinstance(indices, torch.Tensor) or isinstance(td_errors, torch.Tensor):
             idx = self._index_tensor(indices)

@@ -9,8 +9,9 @@ report know only this interface.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)

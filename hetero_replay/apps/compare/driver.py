@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from hetero_replay.apps.compare.base import RunResult, RunSpec, runner_for
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -33,7 +33,7 @@ class Stat:
     std: float
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> "Stat":
+    def of(cls, values: Sequence[float]) -> Stat:
         arr = np.asarray(values, dtype=np.float64)
         if arr.size == 0:
             return cls(float("nan"), float("nan"))

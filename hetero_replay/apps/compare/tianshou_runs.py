@@ -95,7 +95,9 @@ def make_algorithm(algo: str, env: Any, hp: Hyperparams) -> Any:
         if not isinstance(env.action_space, spaces.Discrete):
             raise ValueError(f"dqn needs a discrete action space, got {env.action_space}")
         model = Net(state_shape=obs_shape, action_shape=int(env.action_space.n), hidden_sizes=list(hp.hidden_sizes))
-        policy = DiscreteQLearningPolicy(model=model, action_space=env.action_space, eps_training=1.0, eps_inference=0.0)
+        policy = DiscreteQLearningPolicy(
+            model=model, action_space=env.action_space, eps_training=1.0, eps_inference=0.0
+        )
         return DQN(policy=policy, optim=optim, gamma=hp.gamma, target_update_freq=hp.extra["target_update_freq"],
                    is_double=False)  # fmt: skip
     if not isinstance(env.action_space, spaces.Box):
@@ -130,7 +132,9 @@ def make_buffer(variant: str, hp: Hyperparams, n_envs: int, seed: int) -> Any:
     if variant == "stock-per":
         return PrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=ALPHA, beta=BETA_START)
     if variant == "hetero-per":
-        return HeteroPrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=ALPHA, beta=BETA_START, random_seed=seed)
+        return HeteroPrioritizedVectorReplayBuffer(
+            hp.buffer_size, n_envs, alpha=ALPHA, beta=BETA_START, random_seed=seed
+        )
     if variant == "uniform":
         return VectorReplayBuffer(hp.buffer_size, n_envs)
     raise ValueError(f"tianshou has the variants {VARIANTS}, not {variant!r}")
@@ -203,10 +207,16 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
 
     trainer = algorithm.create_trainer(
         OffPolicyTrainerParams(
-            training_collector=training_collector, test_collector=None, max_epochs=num_epochs,
-            epoch_num_steps=epoch_steps, collection_step_num_env_steps=collect_steps,
-            update_step_num_gradient_steps_per_sample=hp.updates_per_step, batch_size=hp.batch_size,
-            training_fn=training_fn, verbose=False, show_progress=False,
+            training_collector=training_collector,
+            test_collector=None,
+            max_epochs=num_epochs,
+            epoch_num_steps=epoch_steps,
+            collection_step_num_env_steps=collect_steps,
+            update_step_num_gradient_steps_per_sample=hp.updates_per_step,
+            batch_size=hp.batch_size,
+            training_fn=training_fn,
+            verbose=False,
+            show_progress=False,
         )  # fmt: skip
     )
     evaluate(0)

@@ -1,0 +1,95 @@
+"""ForkSafeLock: a re-entrant lock that ``fork`` can never leave held in the child.
+
+``fork`` copies only the calling thread. A lock another thread held at that
+moment stays held in the child forever (its owner does not exist there), and
+the data it guarded may be half-written. So before ``fork`` every live
+ForkSafeLock is acquired — operations in flight on other threads finish first,
+and none starts — and after it the parent releases them and the child gets
+fresh ones. Buffers (the engine's and the adapters') guard their state with
+these; SubprocVecEnv, multiprocessing and Ray's workers fork.
+
+Locks are taken in ``(order, creation)`` order. A thread that holds one lock
+while taking another must take them in that order too, or a concurrent fork
+can deadlock: adapters' buffers (order 0) call into the engine's (order 1),
+never the reverse.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import weakref
+from typing import Any
+
+#: ``order`` of a host-library adapter's buffer lock: taken first.
+OUTER = 0
+#: ``order`` of the engine's buffer lock, which adapters' buffers call into.
+INNER = 1
+
+_live: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()
+_registry_lock = threading.Lock()
+_held: list[ForkSafeLock] = []
+_created = itertools.count()
+
+
+class ForkSafeLock:
+    """A ``threading.RLock`` that is held across ``fork`` and fresh in the child.
+
+    Use it as a context manager (``with lock:``) or with ``acquire`` /
+    ``release``. It cannot be pickled: owners drop it in ``__getstate__`` and
+    make a new one in ``__setstate__``.
+    """
+
+    __slots__ = ("_lock", "_key", "__weakref__")
+
+    def __init__(self, order: int = INNER) -> None:
+        self._lock = threading.RLock()
+        self._key = (order, next(_created))
+        with _registry_lock:
+            _live.add(self)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> ForkSafeLock:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._lock.release()
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a ForkSafeLock cannot be pickled; drop it in __getstate__ and make a new one")
+
+
+def _before_fork() -> None:
+    _registry_lock.acquire()
+    _held[:] = sorted(_live, key=lambda lock: lock._key)
+    for lock in _held:
+        lock._lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for lock in reversed(_held):
+        lock._lock.release()
+    _held.clear()
+    _registry_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    global _registry_lock
+    for lock in _held:
+        lock._lock = threading.RLock()
+    _held.clear()
+    _registry_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+
+
+__all__ = ["INNER", "OUTER", "ForkSafeLock"]
