@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from hetero_replay import _native
-from hetero_replay.trees.base import FANOUTS
+from hetero_replay.trees.base import check_fanout, check_priority_dtype
 
 #: Added to every ``|TD error|``. It also floors the smallest priority, and with
 #: it the largest IS weight that normalises all the others: the smaller it is,
@@ -73,13 +73,7 @@ class PEROptions:
         set_(self, "eps", check_eps(self.eps))
         if not isinstance(self.tree, str):
             raise TypeError(f"tree must be a backend name, got {type(self.tree).__name__} {self.tree!r}")
-        if isinstance(self.fanout, (bool, np.bool_)) or not isinstance(self.fanout, (int, np.integer)):
-            raise TypeError(
-                f"fanout must be an integer, one of {FANOUTS}; got {type(self.fanout).__name__} {self.fanout!r}"
-            )
-        if self.fanout not in FANOUTS:
-            raise ValueError(f"fanout must be one of {FANOUTS}; got {self.fanout}")
-        set_(self, "fanout", int(self.fanout))
+        set_(self, "fanout", check_fanout(self.fanout))
         set_(self, "priority_dtype", check_priority_dtype(self.priority_dtype).name)
         if not isinstance(self.stratified, (bool, np.bool_)):
             raise TypeError(
@@ -136,18 +130,6 @@ def check_eps(value: Any) -> float:
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {value!r}")
     return eps
-
-
-def check_priority_dtype(value: Any) -> np.dtype:
-    if value is None:  # np.dtype(None) would silently mean float64
-        raise TypeError("priority dtype must be 'float32' or 'float64', got None")
-    try:
-        dtype = np.dtype(value)
-    except TypeError as e:
-        raise TypeError(f"priority dtype must be 'float32' or 'float64', got {value!r}") from e
-    if dtype not in (np.float32, np.float64):
-        raise ValueError(f"priority dtype must be float32 or float64, got {dtype}")
-    return dtype
 
 
 def check_floor(alpha: float, eps: float, dtype: np.dtype) -> None:

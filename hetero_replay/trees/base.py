@@ -41,25 +41,33 @@ def describe_max_leaf(dtype: Any, capacity: int) -> str:
     )
 
 
+def check_priority_dtype(value: Any) -> np.dtype:
+    if value is None:  # np.dtype(None) would silently mean float64
+        raise TypeError("priority dtype must be 'float32' or 'float64', got None")
+    try:
+        dtype = np.dtype(value)
+    except TypeError as e:
+        raise TypeError(f"priority dtype must be 'float32' or 'float64', got {value!r}") from e
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"priority dtype must be float32 or float64, got {dtype}")
+    return dtype
+
+
+def check_fanout(value: Any) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"fanout must be an integer, one of {FANOUTS}; got {type(value).__name__} {value!r}")
+    if value not in FANOUTS:
+        raise ValueError(f"fanout must be one of {FANOUTS}; got {value}")
+    return int(value)
+
+
 def check_tree_args(capacity: Any, fanout: Any, dtype: Any) -> tuple[int, int, np.dtype]:
     """Validated ``(capacity, fanout, dtype)`` of a tree; ``TypeError``/``ValueError`` naming the argument."""
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
         raise TypeError(f"capacity must be an integer, got {type(capacity).__name__} {capacity!r}")
     if not 1 <= capacity <= MAX_CAPACITY:
         raise ValueError(f"capacity must be in [1, 2**40], got {capacity}")
-    if isinstance(fanout, bool) or not isinstance(fanout, (int, np.integer)):
-        raise TypeError(f"fanout must be an integer, one of {FANOUTS}; got {type(fanout).__name__} {fanout!r}")
-    if fanout not in FANOUTS:
-        raise ValueError(f"fanout must be one of {FANOUTS}; got {fanout}")
-    if dtype is None:  # np.dtype(None) would silently mean float64
-        raise TypeError("priority dtype must be 'float32' or 'float64', got None")
-    try:
-        dt = np.dtype(dtype)
-    except TypeError as e:
-        raise TypeError(f"priority dtype must be 'float32' or 'float64', got {dtype!r}") from e
-    if dt not in (np.float32, np.float64):
-        raise ValueError(f"priority dtype must be float32 or float64, got {dt}")
-    return int(capacity), int(fanout), dt
+    return int(capacity), check_fanout(fanout), check_priority_dtype(dtype)
 
 
 @runtime_checkable
