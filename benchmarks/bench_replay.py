@@ -34,28 +34,45 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
+import report
 import torch
+from contenders import Contender, Workload, factories, make_transitions
+from timing import Task, calibrate, run_interleaved
 from tqdm import tqdm
 
 import hetero_replay
-import report
-from contenders import Contender, Workload, factories, make_transitions
-from timing import Task, calibrate, run_interleaved
 
 INSERT_CHUNKS = (1, 64)
 #: Distinct (indices, |td|) pairs an update cycles through, so it does not rewrite one batch.
 POOL = 8
-THREAD_ENV = ("HETERO_REPLAY_NUM_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
-              "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-VERSIONED = ("numpy", "torch", "cpprb", "torchrl", "tensordict", "tianshou", "numba",
-             "stable-baselines3", "gymnasium", "hetero-replay")
+THREAD_ENV = (
+    "HETERO_REPLAY_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
+VERSIONED = (
+    "numpy",
+    "torch",
+    "cpprb",
+    "torchrl",
+    "tensordict",
+    "tianshou",
+    "numba",
+    "stable-baselines3",
+    "gymnasium",
+    "hetero-replay",
+)
 
 
 @dataclass(frozen=True)
@@ -183,8 +200,9 @@ def _task_count(contenders: list[Contender], batches: int, profile: bool) -> int
     return per_batch * batches + len(INSERT_CHUNKS) * len(contenders)
 
 
-def _batch_tasks(contenders: list[Contender], capacity: int, batch: int, rng: np.random.Generator,
-                 profile: bool) -> list[Task]:
+def _batch_tasks(
+    contenders: list[Contender], capacity: int, batch: int, rng: np.random.Generator, profile: bool
+) -> list[Task]:
     """sample / update / learner-step tasks (and profile parts) of every contender at batch size B."""
     tasks = []
     for c in contenders:
@@ -232,8 +250,14 @@ def _learner_step(c: Contender, batch: int, tds: list[Any]) -> Callable[[], None
 
 
 def _describe(c: Contender) -> dict[str, Any]:
-    return {"library": c.library, "version": _version(c.library), "role": c.role,
-            "prioritized": c.prioritized, "threads": c.threads, "setup": c.setup}
+    return {
+        "library": c.library,
+        "version": _version(c.library),
+        "role": c.role,
+        "prioritized": c.prioritized,
+        "threads": c.threads,
+        "setup": c.setup,
+    }
 
 
 def machine_info() -> dict[str, Any]:
@@ -248,7 +272,7 @@ def machine_info() -> dict[str, Any]:
     except (OSError, StopIteration, ValueError):
         pass  # not Linux: keep what platform reports
     return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu": cpu,
         "cores": os.cpu_count(),
         "caches": _caches(),
@@ -287,10 +311,16 @@ def _version(package: str) -> str | None:
 def _git_revision() -> str | None:
     root = Path(__file__).resolve().parent.parent
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc", "hetero_replay"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "csrc", "hetero_replay"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return rev + ("+uncommitted core changes" if dirty else "")
@@ -302,20 +332,22 @@ def _first_line(text: str, limit: int = 300) -> str:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: N = 1e5, B in {32, 1024}, 3 short repeats")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="output directory")
     p.add_argument("--name", help="output file stem after 'replay-' (default: full, quick or custom)")
     p.add_argument("--capacities", type=_count, nargs="+", metavar="N", help="capacities, e.g. 1e5 4e6")
     p.add_argument("--batches", type=_count, nargs="+", metavar="B", help="batch sizes")
-    p.add_argument("--repeats", type=int,
-                   help=f"interleaved repeats (full {FULL.repeats}, quick {QUICK.repeats})")
-    p.add_argument("--min-time", type=float,
-                   help=f"seconds per timed repeat (full {FULL.min_time}, quick {QUICK.min_time})")
+    p.add_argument("--repeats", type=int, help=f"interleaved repeats (full {FULL.repeats}, quick {QUICK.repeats})")
+    p.add_argument(
+        "--min-time", type=float, help=f"seconds per timed repeat (full {FULL.min_time}, quick {QUICK.min_time})"
+    )
     p.add_argument("--profile", action="store_true", help="also time the parts of our learner step")
-    p.add_argument("--skip", nargs="+", default=[], metavar="TEXT",
-                   help="leave out contenders whose label contains TEXT")
+    p.add_argument(
+        "--skip", nargs="+", default=[], metavar="TEXT", help="leave out contenders whose label contains TEXT"
+    )
     return p.parse_args(argv)
 
 

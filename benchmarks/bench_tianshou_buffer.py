@@ -27,18 +27,19 @@ import argparse
 import itertools
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
+from bench_replay import machine_info
 from tianshou.data import Batch, PrioritizedVectorReplayBuffer, VectorReplayBuffer
+from timing import Task, calibrate, run_interleaved
 from tqdm import tqdm
 
 import hetero_replay
-from bench_replay import machine_info
 from hetero_replay.adapters.tianshou import HeteroPrioritizedVectorReplayBuffer
-from timing import Task, calibrate, run_interleaved
 
 OPS = ("add", "sample", "index", "update", "hasnull")
 BATCH = 64

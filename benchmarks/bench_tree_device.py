@@ -24,19 +24,20 @@ import argparse
 import itertools
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
-import torch
-from tqdm import tqdm
-
 import report
+import torch
 from bench_replay import machine_info
 from contenders import Workload
 from contenders.torchrl_per import load_extension as load_torchrl_extension
-from hetero_replay.trees import make_tree
 from timing import Task, calibrate, run_interleaved
+from tqdm import tqdm
+
+from hetero_replay.trees import make_tree
 
 #: Distinct (indices, |td|) pairs an update cycles through.
 POOL = 8
@@ -63,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(
-    device: torch.device, capacities: Sequence[int], batches: Sequence[int], repeats: int, min_time: float,
+    device: torch.device,
+    capacities: Sequence[int],
+    batches: Sequence[int],
+    repeats: int,
+    min_time: float,
     workload: Workload,
 ) -> dict[str, Any]:
     """Time sample and update of every contender that builds on ``device``; a dict for JSON."""
@@ -89,7 +94,9 @@ def run(
                 key = {"capacity": capacity, "batch": batch, "label": c.label}
                 tasks.append(Task({**key, "op": "sample"}, _synced(lambda b=batch, c=c: c.sample(b), sync), _noop))
                 pairs = itertools.cycle(list(zip(idx, tds)))
-                tasks.append(Task({**key, "op": "update"}, _synced(lambda c=c, p=pairs: c.update(*next(p)), sync), _noop))
+                tasks.append(
+                    Task({**key, "op": "update"}, _synced(lambda c=c, p=pairs: c.update(*next(p)), sync), _noop)
+                )
         with tqdm(total=len(tasks) * (repeats + 1), desc=f"N={capacity:,}", leave=False) as bar:
             for task in tasks:
                 calibrate(task, min_time)
@@ -97,9 +104,16 @@ def run(
             run_interleaved(tasks, repeats, bar.update)
         rows += [task.summary() for task in tasks]
         del contenders
-    return {"device": str(device), "gpu": _gpu_name(device), "machine": machine_info(), "workload": vars(workload),
-            "method": {"repeats": repeats, "min_time_s": min_time}, "contenders": setups,
-            "unavailable": unavailable, "results": rows}
+    return {
+        "device": str(device),
+        "gpu": _gpu_name(device),
+        "machine": machine_info(),
+        "workload": vars(workload),
+        "method": {"repeats": repeats, "min_time_s": min_time},
+        "contenders": setups,
+        "unavailable": unavailable,
+        "results": rows,
+    }
 
 
 class Contender:
@@ -133,8 +147,10 @@ class Ours(Contender):
             self.rng, draws = np.random.default_rng(0), "numpy Generator (CPU executor)"
         # The CPU executor takes NumPy; on a GPU the tensors stay where they are.
         self.host = device.type == "cpu" and backend == "cupy"
-        self.setup = (f"make_tree({backend!r}, N, fanout=16, float32, device); sample_tensors(B, rng, beta) "
-                      f"with {draws}; update_td(indices, |td|, alpha, eps) with device tensors")
+        self.setup = (
+            f"make_tree({backend!r}, N, fanout=16, float32, device); sample_tensors(B, rng, beta) "
+            f"with {draws}; update_td(indices, |td|, alpha, eps) with device tensors"
+        )
 
     def sample(self, batch: int) -> Any:
         return self.tree.sample_tensors(batch, self.rng, self.w.beta)
@@ -163,8 +179,10 @@ class TorchRL(Contender):
         self.sampler.update_priority(index, torch.as_tensor(leaves, dtype=torch.float32, device=device))
         if device.type == "cuda" and getattr(self.sampler, "device", torch.device("cpu")).type != "cuda":
             raise RuntimeError("TorchRL kept its tree on the CPU: its C++ extension has no CUDA trees here")
-        self.setup = (f"PrioritizedSampler(N, alpha, beta, eps, device={str(device)!r}) over "
-                      "LazyTensorStorage(N, device); sample(storage, B); update_priority(index, |td|)")
+        self.setup = (
+            f"PrioritizedSampler(N, alpha, beta, eps, device={str(device)!r}) over "
+            "LazyTensorStorage(N, device); sample(storage, B); update_priority(index, |td|)"
+        )
 
     def sample(self, batch: int) -> Any:
         return self.sampler.sample(self.storage, batch)
@@ -186,23 +204,35 @@ def markdown(results: dict[str, Any]) -> str:
     labels = [label for label in CONTENDERS if label in results["contenders"]]
     cells = sorted({(n, b) for n, b, _, _ in rows})
     m = results["machine"]
-    lines = [f"# Sum trees on {results['device']}" + (f" ({results['gpu']})" if results["gpu"] else ""), "",
-             f"- **Machine:** {m['cpu']}, {m['cores']} cores; {m['os']}; git {m['git']}; {m['date']}",
-             "- **Versions:** " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
-             f"- **Method:** median of {results['method']['repeats']} interleaved repeats, each ≥ "
-             f"{results['method']['min_time_s']} s of calls, a device synchronisation after every call; torch 1 thread",
-             ""]
+    lines = [
+        f"# Sum trees on {results['device']}" + (f" ({results['gpu']})" if results["gpu"] else ""),
+        "",
+        f"- **Machine:** {m['cpu']}, {m['cores']} cores; {m['os']}; git {m['git']}; {m['date']}",
+        "- **Versions:** " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
+        f"- **Method:** median of {results['method']['repeats']} interleaved repeats, each ≥ "
+        f"{results['method']['min_time_s']} s of calls, a device synchronisation after every call; torch 1 thread",
+        "",
+    ]
     for op in ("sample", "update"):
         head = ["N", "B"] + [f"{label} {op}s/s" for label in labels]
-        head += [f"{label} ÷ {base}" for base in ("ours/torch", "torchrl") if base in labels
-                 for label in labels if label.startswith("ours/") and label != base]
+        head += [
+            f"{label} ÷ {base}"
+            for base in ("ours/torch", "torchrl")
+            if base in labels
+            for label in labels
+            if label.startswith("ours/") and label != base
+        ]
         body = []
         for n, b in cells:
             rate = {label: b / rows[(n, b, label, op)] for label in labels if (n, b, label, op) in rows}
             row = [f"{n:,}", str(b)] + [report.rate(rate.get(label)) for label in labels]
-            row += [report.ratio(rate[label] / rate[base]) if label in rate and base in rate else "–"
-                    for base in ("ours/torch", "torchrl") if base in labels
-                    for label in labels if label.startswith("ours/") and label != base]
+            row += [
+                report.ratio(rate[label] / rate[base]) if label in rate and base in rate else "–"
+                for base in ("ours/torch", "torchrl")
+                if base in labels
+                for label in labels
+                if label.startswith("ours/") and label != base
+            ]
             body.append(row)
         lines += [f"## {op.capitalize()}s per second (transitions)", "", *report.table(head, body), ""]
     lines += ["## Contenders", "", *(f"- **{k}:** {v}" for k, v in results["contenders"].items())]
@@ -228,13 +258,22 @@ def _gpu_name(device: torch.device) -> str | None:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--device", default="cuda", help="torch device of every tree (default cuda)")
-    parser.add_argument("--capacities", type=lambda s: [int(float(x)) for x in s.split(",")],
-                        default=[1_000_000, 10_000_000], help="comma-separated N (default 1e6,1e7)")
-    parser.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[256, 4096],
-                        help="comma-separated B (default 256,4096)")
+    parser.add_argument(
+        "--capacities",
+        type=lambda s: [int(float(x)) for x in s.split(",")],
+        default=[1_000_000, 10_000_000],
+        help="comma-separated N (default 1e6,1e7)",
+    )
+    parser.add_argument(
+        "--batches",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[256, 4096],
+        help="comma-separated B (default 256,4096)",
+    )
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--min-time", type=float, default=0.1, help="seconds of calls per repeat")
     parser.add_argument("--quick", action="store_true", help="N = 1e5, B = 256, 3 short repeats")

@@ -61,7 +61,11 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, object], str]] = {
     "mkl-avx2": ({"MKL_CBWR": "AVX2"}, {}, "MKL's AVX2 GEMM path (a CPU without AVX-512)"),
     "flush-denormal": ({}, {"flush_denormal": True}, "torch.set_flush_denormal(True)"),
     "threads-2": ({"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}, {"threads": 2}, "2 torch threads"),
-    "scalar": ({"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}, {}, "aten-default and mkl-compat together"),
+    "scalar": (
+        {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"},
+        {},
+        "aten-default and mkl-compat together",
+    ),
     "perturb-1ulp": ({}, {"perturb": True}, "one initial Q-network weight moved by one ulp (any other rounding)"),
 }
 
@@ -196,7 +200,9 @@ def table(results: dict, threshold: float, size: int, need: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--seeds", default="0-9", help="seeds to run, e.g. 0-9 or 0,2,5 (default 0-9)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME",
                         help="floating-point set-ups to run (default: all):\n" +

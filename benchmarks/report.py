@@ -9,8 +9,9 @@ by the detail tables; the plot shows learner steps/s against B, one panel per N.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 #: The issue's targets: ours single-threaded vs the best anchor in every cell,
 #: ours on all cores vs the best anchor from B = 1024, PER sample vs SB3 uniform from B = 256.
@@ -59,17 +60,19 @@ def summarize(results: Results) -> list[dict[str, Any]]:
             ours = [label for label in step if contenders[label]["role"] == "ours"]
             uniform = next((label for label in sample if contenders[label]["role"] == "uniform"), None)
             best = min(anchors, key=anchors.__getitem__) if anchors else None
-            cells.append({
-                "capacity": capacity,
-                "batch": batch,
-                "steps_per_s": {label: 1 / s for label, s in step.items()},
-                "sample_transitions_per_s": sample,
-                "best_anchor": best,
-                "speedup_vs_best_anchor": {o: anchors[best] / step[o] for o in ours} if best else {},
-                "speedup_vs_anchor": {o: {a: anchors[a] / step[o] for a in anchors} for o in ours},
-                "uniform": uniform,
-                "sample_vs_uniform": {o: sample[o] / sample[uniform] for o in ours} if uniform else {},
-            })
+            cells.append(
+                {
+                    "capacity": capacity,
+                    "batch": batch,
+                    "steps_per_s": {label: 1 / s for label, s in step.items()},
+                    "sample_transitions_per_s": sample,
+                    "best_anchor": best,
+                    "speedup_vs_best_anchor": {o: anchors[best] / step[o] for o in ours} if best else {},
+                    "speedup_vs_anchor": {o: {a: anchors[a] / step[o] for a in anchors} for o in ours},
+                    "uniform": uniform,
+                    "sample_vs_uniform": {o: sample[o] / sample[uniform] for o in ours} if uniform else {},
+                }
+            )
     return cells
 
 
@@ -85,23 +88,37 @@ def markdown(results: Results, name: str, png: Path | None) -> str:
     anchors = [label for label in labels if contenders[label]["role"] == "anchor"]
     out = [f"# Replay benchmark: {name}", "", *_header(results), ""]
 
-    out += ["## Learner steps/s", "",
-            "One learner step = sample B (data gather + IS weights) + update B priorities; higher is better. "
-            "`× best` = our steps/s over the best PER anchor's in the same run. "
-            "sb3-uniform has no priorities: its step is its sample alone.", ""]
+    out += [
+        "## Learner steps/s",
+        "",
+        "One learner step = sample B (data gather + IS weights) + update B priorities; higher is better. "
+        "`× best` = our steps/s over the best PER anchor's in the same run. "
+        "sb3-uniform has no priorities: its step is its sample alone.",
+        "",
+    ]
     if png is not None:
         out += [f"![learner steps/s]({png.name})", ""]
     for capacity, rows in _by_capacity(cells):
         out += [f"### N = {capacity:,}", ""]
         head = ["B", *labels, "best anchor", *(f"{o} × best" for o in ours)]
-        body = [[str(c["batch"]), *(rate(c["steps_per_s"].get(label)) for label in labels),
-                 c["best_anchor"] or "–", *(ratio(c["speedup_vs_best_anchor"].get(o)) for o in ours)]
-                for c in rows]
+        body = [
+            [
+                str(c["batch"]),
+                *(rate(c["steps_per_s"].get(label)) for label in labels),
+                c["best_anchor"] or "–",
+                *(ratio(c["speedup_vs_best_anchor"].get(o)) for o in ours),
+            ]
+            for c in rows
+        ]
         out += table(head, body) + [""]
 
-    out += ["## Targets", "",
-            f"Single thread ≥ {TARGET_SINGLE:g}× the best anchor in every cell; all cores ≥ {TARGET_MULTI:g}× "
-            f"from B = {MULTI_FROM_B}; PER sample throughput ≥ SB3 uniform from B = {UNIFORM_FROM_B}.", ""]
+    out += [
+        "## Targets",
+        "",
+        f"Single thread ≥ {TARGET_SINGLE:g}× the best anchor in every cell; all cores ≥ {TARGET_MULTI:g}× "
+        f"from B = {MULTI_FROM_B}; PER sample throughput ≥ SB3 uniform from B = {UNIFORM_FROM_B}.",
+        "",
+    ]
     out += _targets(cells, contenders) + [""]
 
     out += ["## Speed-up over each anchor (learner step)", ""]
@@ -109,26 +126,43 @@ def markdown(results: Results, name: str, png: Path | None) -> str:
         pairs = [(o, a) for o in ours for a in anchors]
         out += [f"### N = {capacity:,}", ""]
         head = ["B", *(f"{o} ÷ {a}" for o, a in pairs)]
-        body = [[str(c["batch"]), *(ratio(c["speedup_vs_anchor"].get(o, {}).get(a)) for o, a in pairs)]
-                for c in rows]
+        body = [[str(c["batch"]), *(ratio(c["speedup_vs_anchor"].get(o, {}).get(a)) for o, a in pairs)] for c in rows]
         out += table(head, body) + [""]
 
-    out += ["## Sample throughput (transitions/s)", "",
-            "sample B, data gather and IS weights included; `÷ uniform` = ours over SB3's uniform sample.", ""]
+    out += [
+        "## Sample throughput (transitions/s)",
+        "",
+        "sample B, data gather and IS weights included; `÷ uniform` = ours over SB3's uniform sample.",
+        "",
+    ]
     for capacity, rows in _by_capacity(cells):
         out += [f"### N = {capacity:,}", ""]
         head = ["B", *labels, *(f"{o} ÷ uniform" for o in ours)]
-        body = [[str(c["batch"]), *(rate(c["sample_transitions_per_s"].get(label)) for label in labels),
-                 *(ratio(c["sample_vs_uniform"].get(o)) for o in ours)] for c in rows]
+        body = [
+            [
+                str(c["batch"]),
+                *(rate(c["sample_transitions_per_s"].get(label)) for label in labels),
+                *(ratio(c["sample_vs_uniform"].get(o)) for o in ours),
+            ]
+            for c in rows
+        ]
         out += table(head, body) + [""]
 
     out += ["## Median time per call (µs)", ""] + _op_times(results, labels) + [""]
     out += ["## Insert (transitions/s)", ""] + _inserts(results, labels) + [""]
     profile = _profile(results)
     if profile:
-        out += ["## Profile of our learner step (µs, share of the step)", "",
+        out += (
+            [
+                "## Profile of our learner step (µs, share of the step)",
+                "",
                 "The parts timed on their own, interleaved with the rest; glue = step − parts "
-                "(argument checks, Python calls, result objects).", ""] + profile + [""]
+                "(argument checks, Python calls, result objects).",
+                "",
+            ]
+            + profile
+            + [""]
+        )
     out += ["## Contenders", ""] + _contenders(results) + [""]
     return "\n".join(out)
 
@@ -152,23 +186,33 @@ def _header(results: Results) -> list[str]:
         f"- **Method:** median of {plan['repeats']} interleaved repeats (round-robin over every "
         f"contender and operation of a cell), each ≥ {plan['min_time']} s of back-to-back calls after "
         f"{meth['warmup_calls']} warm-up calls; {meth['gc']}",
-    ] + (["- **Unavailable:** " + "; ".join(f"{k} ({v})" for k, v in results["unavailable"].items())]
-         if results["unavailable"] else [])
+    ] + (
+        ["- **Unavailable:** " + "; ".join(f"{k} ({v})" for k, v in results["unavailable"].items())]
+        if results["unavailable"]
+        else []
+    )
 
 
 def _targets(cells: list[dict[str, Any]], contenders: dict[str, Any]) -> list[str]:
     single = [label for label, d in contenders.items() if d["role"] == "ours" and d["threads"] == 1]
     multi = [label for label, d in contenders.items() if d["role"] == "ours" and (d["threads"] or 0) > 1]
-    head = ["N", "B", *(f"{s} × best" for s in single), *(f"{m} × best" for m in multi),
-            *(f"{o} sample ÷ uniform" for o in single + multi)]
+    head = [
+        "N",
+        "B",
+        *(f"{s} × best" for s in single),
+        *(f"{m} × best" for m in multi),
+        *(f"{o} sample ÷ uniform" for o in single + multi),
+    ]
     body, short = [], 0
     for c in cells:
         row = [f"{c['capacity']:,}", str(c["batch"])]
         checks = [(s, c["speedup_vs_best_anchor"].get(s), TARGET_SINGLE) for s in single]
-        checks += [(m, c["speedup_vs_best_anchor"].get(m), TARGET_MULTI if c["batch"] >= MULTI_FROM_B else None)
-                   for m in multi]
-        checks += [(o, c["sample_vs_uniform"].get(o), 1.0 if c["batch"] >= UNIFORM_FROM_B else None)
-                   for o in single + multi]
+        checks += [
+            (m, c["speedup_vs_best_anchor"].get(m), TARGET_MULTI if c["batch"] >= MULTI_FROM_B else None) for m in multi
+        ]
+        checks += [
+            (o, c["sample_vs_uniform"].get(o), 1.0 if c["batch"] >= UNIFORM_FROM_B else None) for o in single + multi
+        ]
         for _, value, target in checks:
             mark = "" if target is None or value is None else (" ✓" if value >= target else " ✗")
             short += mark == " ✗"
@@ -197,8 +241,10 @@ def _inserts(results: Results, labels: list[str]) -> list[str]:
     fills: dict[int, dict[str, float]] = {}
     for f in results["fills"]:
         fills.setdefault(f["capacity"], {})[f["label"]] = f["seconds"]
-    body += [[f"{n:,}", "fill (s, untimed setup)", *(_seconds(fills[n].get(label)) for label in labels)]
-             for n in sorted(fills)]
+    body += [
+        [f"{n:,}", "fill (s, untimed setup)", *(_seconds(fills[n].get(label)) for label in labels)]
+        for n in sorted(fills)
+    ]
     return table(["N", "chunk", *labels], body)
 
 
@@ -218,14 +264,24 @@ def _profile(results: Results) -> list[str]:
     for key in sorted(parts):
         step, p = steps[key], parts[key]
         glue = step - sum(p.values())
-        body.append([key[0], f"{key[1]:,}", str(key[2]), _us(step),
-                     *(f"{_us(p[n])} ({p[n] / step:.0%})" for n in names), f"{_us(glue)} ({glue / step:.0%})"])
+        body.append(
+            [
+                key[0],
+                f"{key[1]:,}",
+                str(key[2]),
+                _us(step),
+                *(f"{_us(p[n])} ({p[n] / step:.0%})" for n in names),
+                f"{_us(glue)} ({glue / step:.0%})",
+            ]
+        )
     return table(["contender", "N", "B", "step", *names, "glue"], body)
 
 
 def _contenders(results: Results) -> list[str]:
-    body = [[label, f"{d['library']} {d['version'] or ''}".strip(), d["role"], d["setup"]]
-            for label, d in results["contenders"].items()]
+    body = [
+        [label, f"{d['library']} {d['version'] or ''}".strip(), d["role"], d["setup"]]
+        for label, d in results["contenders"].items()
+    ]
     body += [[name, name, "unavailable", reason] for name, reason in results["unavailable"].items()]
     return table(["label", "library", "role", "setup"], body)
 
@@ -277,10 +333,12 @@ def plot(results: Results, path: Path) -> bool:
     cells = results["summary"]
     capacities = list(dict.fromkeys(c["capacity"] for c in cells))
     batches = results["plan"]["batches"]
-    fig, axes = plt.subplots(1, len(capacities), figsize=(2 + 4.5 * len(capacities), 4.5), sharey=True,
-                             squeeze=False)
-    styles = {"ours": dict(lw=2.2, marker="o"), "anchor": dict(lw=1.2, marker="s"),
-              "uniform": dict(lw=1.2, ls="--", marker="^")}
+    fig, axes = plt.subplots(1, len(capacities), figsize=(2 + 4.5 * len(capacities), 4.5), sharey=True, squeeze=False)
+    styles = {
+        "ours": dict(lw=2.2, marker="o"),
+        "anchor": dict(lw=1.2, marker="s"),
+        "uniform": dict(lw=1.2, ls="--", marker="^"),
+    }
     for ax, capacity in zip(axes[0], capacities):
         rows = [c for c in cells if c["capacity"] == capacity]
         for label, d in results["contenders"].items():

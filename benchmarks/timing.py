@@ -11,8 +11,9 @@ import gc
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 WARMUP_CALLS = 3
 

@@ -18,8 +18,8 @@ import warnings
 import numpy as np
 import torch
 from stable_baselines3 import DQN
-from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
+from stable_baselines3.common.env_util import make_vec_env
 
 from hetero_replay.adapters.sb3 import PERDQN, PrioritizedReplayBuffer
 

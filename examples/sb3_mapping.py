@@ -56,7 +56,9 @@ def main() -> None:
     core = model.replay_buffer.replay
     print(f"mapping: {mapping}")
     print(f"  model device {model.device}; core engine {type(core).__name__} with {core.tree!r}")
-    print(f"  storage {type(core.storage).__name__}; a step moves: {[tuple(t) for t in mapping.transfers()] or 'nothing'}")
+    print(
+        f"  storage {type(core.storage).__name__}; a step moves: {[tuple(t) for t in mapping.transfers()] or 'nothing'}"
+    )
 
     # evaluate every 1,000 steps; stop once the mean return reaches 475 (CartPole-v1 caps it at 500)
     solved = StopTrainingOnRewardThreshold(475, verbose=0)

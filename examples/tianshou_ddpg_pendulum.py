@@ -76,16 +76,24 @@ def main() -> None:
     epochs = 4
     result = algorithm.run_training(
         OffPolicyTrainerParams(
-            training_collector=train_collector, test_collector=test_collector, max_epochs=epochs,
-            epoch_num_steps=args.steps // epochs, collection_step_num_env_steps=args.n_envs,
-            update_step_num_gradient_steps_per_sample=updates_per_step, batch_size=64,
-            test_step_num_episodes=5, verbose=True, show_progress=True,
+            training_collector=train_collector,
+            test_collector=test_collector,
+            max_epochs=epochs,
+            epoch_num_steps=args.steps // epochs,
+            collection_step_num_env_steps=args.n_envs,
+            update_step_num_gradient_steps_per_sample=updates_per_step,
+            batch_size=64,
+            test_step_num_episodes=5,
+            verbose=True,
+            show_progress=True,
         )  # fmt: skip
     )
 
     leaves = buffer.priority_tree.leaves()[buffer.sample_indices(0)]
     print(f"\nbest test return {result.best_reward:.1f} (random play scores about -1200; solved is about -200)")
-    print(f"{algorithm.num_updates} updates; beta now {buffer.beta:.3f}; largest |TD error| + eps {buffer.max_priority:.2f}")
+    print(
+        f"{algorithm.num_updates} updates; beta now {buffer.beta:.3f}; largest |TD error| + eps {buffer.max_priority:.2f}"
+    )
     print(f"priorities p^alpha of the {len(buffer):,} stored transitions span {leaves.min():.4f} .. {leaves.max():.4f} "
           f"(median {np.median(leaves):.4f})")  # fmt: skip
 

@@ -82,17 +82,27 @@ def main() -> None:
     epochs = 5
     result = algorithm.run_training(
         OffPolicyTrainerParams(
-            training_collector=train_collector, test_collector=test_collector, max_epochs=epochs,
-            epoch_num_steps=args.steps // epochs, collection_step_num_env_steps=4 * args.n_envs,
-            update_step_num_gradient_steps_per_sample=updates_per_step, batch_size=64,
-            test_step_num_episodes=5, training_fn=training_fn, logger=logger, verbose=True, show_progress=True,
+            training_collector=train_collector,
+            test_collector=test_collector,
+            max_epochs=epochs,
+            epoch_num_steps=args.steps // epochs,
+            collection_step_num_env_steps=4 * args.n_envs,
+            update_step_num_gradient_steps_per_sample=updates_per_step,
+            batch_size=64,
+            test_step_num_episodes=5,
+            training_fn=training_fn,
+            logger=logger,
+            verbose=True,
+            show_progress=True,
         )  # fmt: skip
     )
 
     leaves = buffer.priority_tree.leaves()[buffer.sample_indices(0)]
     print(f"\nbest test return {result.best_reward:.1f} (CartPole-v1 caps it at 500); "
           f"{result.timing.update_speed:.0f} env steps/s")  # fmt: skip
-    print(f"{algorithm.num_updates} updates; beta now {buffer.beta:.3f}; largest |TD error| + eps {buffer.max_priority:.3f}")
+    print(
+        f"{algorithm.num_updates} updates; beta now {buffer.beta:.3f}; largest |TD error| + eps {buffer.max_priority:.3f}"
+    )
     print(f"priorities p^alpha of the {len(buffer):,} stored transitions span {leaves.min():.4f} .. {leaves.max():.4f} "
           f"(median {np.median(leaves):.4f})")  # fmt: skip
 

@@ -16,10 +16,12 @@ never the reverse.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 #: ``order`` of a host-library adapter's buffer lock: taken first.
@@ -66,6 +68,15 @@ class ForkSafeLock:
         raise TypeError("a ForkSafeLock cannot be pickled; drop it in __getstate__ and make a new one")
 
 
+@contextlib.contextmanager
+def holding(*locks: ForkSafeLock) -> Iterator[None]:
+    """Hold several locks at once, taken in the order ``fork`` takes them, so a concurrent fork cannot deadlock."""
+    with contextlib.ExitStack() as stack:
+        for lock in sorted(set(locks), key=lambda lock: lock._key):
+            stack.enter_context(lock)
+        yield
+
+
 def _before_fork() -> None:
     _registry_lock.acquire()
     _held[:] = sorted(_live, key=lambda lock: lock._key)
@@ -92,4 +103,4 @@ if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
-__all__ = ["INNER", "OUTER", "ForkSafeLock"]
+__all__ = ["INNER", "OUTER", "ForkSafeLock", "holding"]

@@ -20,8 +20,9 @@ def test_every_cell_gets_a_sample_and_an_update_time_and_a_table(monkeypatch) ->
     results = bench.run(torch.device("cpu"), [1000, 5000], [16, 64], 2, 0.001, Workload())
     assert not results["unavailable"]
     cells = {(r["capacity"], r["batch"], r["label"], r["op"]) for r in results["results"]}
-    assert cells == {(n, b, label, op) for n in (1000, 5000) for b in (16, 64) for label in ours
-                     for op in ("sample", "update")}
+    assert cells == {
+        (n, b, label, op) for n in (1000, 5000) for b in (16, 64) for label in ours for op in ("sample", "update")
+    }
     assert all(r["median_s"] > 0 and len(r["repeats_s"]) == 2 for r in results["results"])
     text = bench.markdown(results)
     assert "| 5,000 | 64 |" in text and "ours/cupy ÷ ours/torch" in text

@@ -20,8 +20,9 @@ import sys
 import textwrap
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -566,9 +567,7 @@ CHILD = textwrap.dedent(
 
 def start_child(target: Path, go: str = "-") -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(target), go], cwd=REPO, env=env, stdout=subprocess.PIPE
-    )
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(target), go], cwd=REPO, env=env, stdout=subprocess.PIPE)
     assert child.stdout.readline() == b"saving\n"
     return child
 

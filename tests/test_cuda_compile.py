@@ -13,9 +13,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import hetero_replay._native as native
 import pytest
 
+import hetero_replay._native as native
 from hetero_replay.trees.base import FANOUTS
 from hetero_replay.trees.cupy_tree import _KERNELS, KERNEL_FILES, kernel_name, kernel_source_dir, nvrtc_options
 
@@ -36,8 +36,19 @@ def test_every_kernel_file_compiles_with_nvcc(tmp_path):
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
 
     def compile_one(src: Path) -> subprocess.CompletedProcess:
-        cmd = [NVCC, "-std=c++17", "-Werror", "all-warnings", "-DHR_INSTANTIATE_ALL", f"-I{ROOT}", *gencode,
-               "-c", str(src), "-o", str(tmp_path / f"{src.stem}.o")]
+        cmd = [
+            NVCC,
+            "-std=c++17",
+            "-Werror",
+            "all-warnings",
+            "-DHR_INSTANTIATE_ALL",
+            f"-I{ROOT}",
+            *gencode,
+            "-c",
+            str(src),
+            "-o",
+            str(tmp_path / f"{src.stem}.o"),
+        ]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -99,8 +110,13 @@ def nvrtc_compile(source: Path, names: list[str]) -> tuple[int, str, list[str]]:
 @pytest.mark.parametrize("module, filename", sorted(KERNEL_FILES.items()))
 def test_kernels_compile_with_nvrtc_as_cupy_loads_them(module, filename):
     """NVRTC has no standard headers: this is what catches a kernel that only nvcc can build."""
-    names = [kernel_name(k, dtype, k_) for k, (m, _) in _KERNELS.items() if m == module
-             for dtype in ("float32", "float64") for k_ in FANOUTS]
+    names = [
+        kernel_name(k, dtype, k_)
+        for k, (m, _) in _KERNELS.items()
+        if m == module
+        for dtype in ("float32", "float64")
+        for k_ in FANOUTS
+    ]
     names = sorted(set(names))
     result, log, lowered = nvrtc_compile(ROOT / "cuda" / filename, names)
     assert result == 0, log
@@ -110,6 +126,12 @@ def test_kernels_compile_with_nvrtc_as_cupy_loads_them(module, filename):
 def test_kernel_sources_ship_with_the_package():
     """The install rule puts the sources next to the extension, where CuPy is pointed at them."""
     installed = Path(native.__file__).resolve().parent / "_csrc"
-    for rel in [*(f"cuda/{f}" for f in KERNEL_FILES.values()), "cuda/common.cuh", "cuda/nvrtc_std/cmath",
-                "cuda/nvrtc_std/cstdint", "hetero_replay/batch_items.hpp", "hetero_replay/descent.hpp"]:
+    for rel in [
+        *(f"cuda/{f}" for f in KERNEL_FILES.values()),
+        "cuda/common.cuh",
+        "cuda/nvrtc_std/cmath",
+        "cuda/nvrtc_std/cstdint",
+        "hetero_replay/batch_items.hpp",
+        "hetero_replay/descent.hpp",
+    ]:
         assert (installed / rel).is_file(), f"{rel} is not installed under {installed}"

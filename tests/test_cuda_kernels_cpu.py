@@ -8,10 +8,10 @@ import sys
 
 import numpy as np
 import pytest
-from hetero_replay._native import kernels
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hetero_replay._native import kernels
 from hetero_replay.trees import FANOUTS, _cupy_usable, backends, make_tree
 from hetero_replay.trees.cupy_tree import CudaUnavailableError, CupySumTree
 from tests.test_trees import assert_same_tree, operation

@@ -206,4 +206,3 @@ def test_an_exception_on_a_pool_thread_reaches_the_caller(failing_item):
         with pytest.raises(RuntimeError, match=f"item {failing_item} failed"):
             _native.run_parallel_for_test(64, 4, failing_item)
     _native.run_parallel_for_test(64, 4, -1)  # the pool still works afterwards
-

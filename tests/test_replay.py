@@ -122,7 +122,9 @@ def test_bad_td_errors(buf, td, error, match):
     assert_unchanged(buf, before)
 
 
-@pytest.mark.parametrize("idx, match", [([1, 40, 2], "position 1"), ([1, -1, 2], "position 1"), ([0, 1, 100], "position 2")])
+@pytest.mark.parametrize(
+    "idx, match", [([1, 40, 2], "position 1"), ([1, -1, 2], "position 1"), ([0, 1, 100], "position 2")]
+)
 def test_bad_indices(buf, idx, match):
     before = snapshot(buf)
     with pytest.raises(IndexError, match=match):

@@ -363,7 +363,9 @@ def test_a_mapped_dict_buffer() -> None:
     for row in range(4):
         k = row * 2 + np.arange(2)
         obs = {"pos": np.stack([k, -k], 1) / 10, "cell": k % 5}
-        buf.add(obs, {"pos": obs["pos"] + 0.05, "cell": (k + 1) % 5}, k % 3, k.astype(np.float32), np.zeros(2), [{}, {}])
+        buf.add(
+            obs, {"pos": obs["pos"] + 0.05, "cell": (k + 1) % 5}, k % 3, k.astype(np.float32), np.zeros(2), [{}, {}]
+        )
     s = buf.sample(16)
     k = s.indices.numpy()
     assert buf.replay.device is not None

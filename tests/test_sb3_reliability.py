@@ -19,7 +19,8 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -215,6 +216,7 @@ def test_pickled_buffers_get_a_lock_of_their_own() -> None:
 
 
 # -- bad input: refused, with the argument, the expected and the received value named ---------------
+
 
 def discrete_buffer(**kwargs: Any) -> PrioritizedReplayBuffer:
     return PrioritizedReplayBuffer(32, OBS, spaces.Discrete(3), device="cpu", n_envs=2, seed=0, **kwargs)

@@ -82,14 +82,26 @@ def test_vector_buffer_is_a_tianshou_prioritized_vector_buffer() -> None:
     assert isinstance(buf, PrioritizedReplayBuffer) and isinstance(buf, ReplayBufferManager)
     assert buf.buffer_num == 4 and buf.maxsize == 400 and len(buf) == 120
     assert "weight" not in vars(buf)  # no throw-away SegmentTree was built (buf.weight is a view of the tree)
-    assert all(isinstance(child, ReplayBuffer) and not isinstance(child, PrioritizedReplayBuffer) for child in buf.buffers)
+    assert all(
+        isinstance(child, ReplayBuffer) and not isinstance(child, PrioritizedReplayBuffer) for child in buf.buffers
+    )
 
 
 def test_sample_returns_tianshou_fields_consistent_with_indices() -> None:
     buf = make_vector()
     batch, indices = buf.sample(64)
     assert indices.dtype.kind == "i" and indices.shape == (64,)
-    assert set(batch.get_keys()) >= {"obs", "act", "rew", "terminated", "truncated", "done", "obs_next", "info", "weight"}
+    assert set(batch.get_keys()) >= {
+        "obs",
+        "act",
+        "rew",
+        "terminated",
+        "truncated",
+        "done",
+        "obs_next",
+        "info",
+        "weight",
+    }
     k = k_of(buf, indices)
     np.testing.assert_array_equal(batch.obs, obs_of(k))
     np.testing.assert_array_equal(batch.obs_next, obs_of(k) + 0.5)
@@ -132,7 +144,10 @@ def test_collector_fills_the_buffer_like_tianshous_own() -> None:
     policy = DiscreteQLearningPolicy(model=Net(state_shape=(4,), action_shape=2, hidden_sizes=[16]),
                                      action_space=env.action_space)  # fmt: skip
     results = []
-    for buf in (PrioritizedVectorReplayBuffer(600, 3, alpha=0.6, beta=0.4), HeteroPrioritizedVectorReplayBuffer(600, 3)):
+    for buf in (
+        PrioritizedVectorReplayBuffer(600, 3, alpha=0.6, beta=0.4),
+        HeteroPrioritizedVectorReplayBuffer(600, 3),
+    ):
         envs = DummyVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(3)])
         envs.seed(0)
         collector = Collector(policy, envs, buf)
@@ -388,7 +403,9 @@ def test_update_weight_takes_torch_td_errors_with_grad() -> None:
     stored = np.sort(buf.sample_indices(0))[:4]
     td = torch.tensor([0.5, -1.0, 2.0, -4.0], requires_grad=True) * 1.0
     buf.update_weight(stored, td)
-    np.testing.assert_allclose(buf.priority_tree.get(stored), (np.array([0.5, 1, 2, 4]) + DEFAULT_EPS) ** 0.6, rtol=1e-6)
+    np.testing.assert_allclose(
+        buf.priority_tree.get(stored), (np.array([0.5, 1, 2, 4]) + DEFAULT_EPS) ** 0.6, rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,9 @@ def pair(size: int = 15, envs: int = 0, **ours_kwargs) -> tuple:
     if envs:
         return (HeteroPrioritizedVectorReplayBuffer(size, envs, 0.5, 0.5, eps=TIANSHOU_EPS, **ours_kwargs),
                 PrioritizedVectorReplayBuffer(size, envs, alpha=0.5, beta=0.5))  # fmt: skip
-    return HeteroPrioritizedReplayBuffer(size, 0.5, 0.5, eps=TIANSHOU_EPS, **ours_kwargs), PrioritizedReplayBuffer(size, 0.5, 0.5)
+    return HeteroPrioritizedReplayBuffer(size, 0.5, 0.5, eps=TIANSHOU_EPS, **ours_kwargs), PrioritizedReplayBuffer(
+        size, 0.5, 0.5
+    )
 
 
 def fill(buffers: tuple, steps: int, envs: int = 1) -> None:

@@ -68,9 +68,15 @@ def test_dqn_run_with_a_torch_tree_mapping() -> None:
     collector.collect(n_step=100, random=True)
     algorithm.run_training(
         OffPolicyTrainerParams(
-            training_collector=collector, test_collector=None, max_epochs=1, epoch_num_steps=200,
-            collection_step_num_env_steps=4, update_step_num_gradient_steps_per_sample=0.5, batch_size=32,
-            verbose=False, show_progress=False,
+            training_collector=collector,
+            test_collector=None,
+            max_epochs=1,
+            epoch_num_steps=200,
+            collection_step_num_env_steps=4,
+            update_step_num_gradient_steps_per_sample=0.5,
+            batch_size=32,
+            verbose=False,
+            show_progress=False,
         )  # fmt: skip
     )
     assert algorithm.num_updates == 100
@@ -145,7 +151,9 @@ def test_bad_wrapper_mappings_raise_clear_errors() -> None:
     dqn = make_algorithm("dqn", gym.make("CartPole-v1"), HYPERPARAMS["dqn"])
     with pytest.raises(TypeError, match="mapping must be a hetero_replay.mapping.Mapping"):
         PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, mapping="cuda")
-    with pytest.raises(ValueError, match="Tianshou acts and trains with one policy.*inference on 'cuda:0' and train on 'cpu'"):
+    with pytest.raises(
+        ValueError, match="Tianshou acts and trains with one policy.*inference on 'cuda:0' and train on 'cpu'"
+    ):
         PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, mapping=Mapping(inference="cuda", check=False))
 
 

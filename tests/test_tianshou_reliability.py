@@ -139,7 +139,9 @@ class Adder:
     def __call__(self) -> None:
         rng = np.random.default_rng(self.seed)
         k = self.first_id
-        while not self.crew.stop.is_set() and (self.calls is None or len(self.ids) < self.calls * (1 if self.single else 2)):
+        while not self.crew.stop.is_set() and (
+            self.calls is None or len(self.ids) < self.calls * (1 if self.single else 2)
+        ):
             envs = np.zeros(1, np.int64) if self.single else rng.choice(ENVS, 2, replace=False)
             add(self.buf, np.arange(k, k + len(envs)), envs)
             self.ids.extend(range(k, k + len(envs)))
@@ -304,7 +306,11 @@ def test_lock_is_dropped_by_pickle_deepcopy_and_hdf5(tmp_path) -> None:
         add(buf, np.array([k]), np.array([k % ENVS]))
     path = str(tmp_path / "buf.hdf5")
     buf.save_hdf5(path)
-    for clone in (pickle.loads(pickle.dumps(buf)), copy.deepcopy(buf), HeteroPrioritizedVectorReplayBuffer.load_hdf5(path)):
+    for clone in (
+        pickle.loads(pickle.dumps(buf)),
+        copy.deepcopy(buf),
+        HeteroPrioritizedVectorReplayBuffer.load_hdf5(path),
+    ):
         assert clone.lock is not buf.lock
         with clone.lock:  # a fresh, working lock
             np.testing.assert_array_equal(np.sort(stored_ids(clone)), np.arange(1, 9))
@@ -336,7 +342,9 @@ def snapshot(buf: Buffer) -> dict[str, Any]:
         "last_index": buf.last_index.copy(),
     }
     if isinstance(buf, HeteroPrioritizedVectorReplayBuffer):
-        state.update(lengths=buf._lengths.copy(), counters=buf._book.counters.copy(), ep_return=buf._book.ep_return.copy())
+        state.update(
+            lengths=buf._lengths.copy(), counters=buf._book.counters.copy(), ep_return=buf._book.ep_return.copy()
+        )
     else:
         state.update(episode=(buf._insertion_idx, buf._size, np.copy(buf._ep_return), buf._ep_len, buf._ep_start_idx))
     return state

@@ -48,9 +48,16 @@ def train(algo: str, env_id: str, steps: int, logger: TensorboardLogger | None =
     collector.collect(n_step=200, random=True)
     algorithm.run_training(
         OffPolicyTrainerParams(
-            training_collector=collector, test_collector=None, max_epochs=1, epoch_num_steps=steps,
-            collection_step_num_env_steps=4, update_step_num_gradient_steps_per_sample=0.5, batch_size=32,
-            logger=logger, verbose=False, show_progress=False,
+            training_collector=collector,
+            test_collector=None,
+            max_epochs=1,
+            epoch_num_steps=steps,
+            collection_step_num_env_steps=4,
+            update_step_num_gradient_steps_per_sample=0.5,
+            batch_size=32,
+            logger=logger,
+            verbose=False,
+            show_progress=False,
         )  # fmt: skip
     )
     return algorithm, buf
@@ -99,7 +106,9 @@ def test_runner_registers_stock_per_first() -> None:
 
 @pytest.mark.parametrize("variant", ["stock-per", "hetero-per", "uniform"])
 def test_runner_runs_each_variant(variant: str) -> None:
-    spec = RunSpec("tianshou", "dqn", "CartPole-v1", variant, seed=0, steps=96, eval_every=48, eval_episodes=2, n_envs=2)
+    spec = RunSpec(
+        "tianshou", "dqn", "CartPole-v1", variant, seed=0, steps=96, eval_every=48, eval_episodes=2, n_envs=2
+    )
     reported: list[int] = []
     result = runner_for("tianshou").run(spec, reported.append)
     assert sum(reported) == 96

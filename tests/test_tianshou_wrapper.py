@@ -62,7 +62,9 @@ def actor_critic(name: str) -> DDPG | TD3 | SAC:
     def critic() -> ContinuousCritic:
         return ContinuousCritic(preprocess_net=Net(state_shape=obs, action_shape=act, hidden_sizes=[16], concat=True))
 
-    common = dict(policy_optim=AdamOptimizerFactory(lr=1e-3), critic=critic(), critic_optim=AdamOptimizerFactory(lr=1e-3))
+    common = dict(
+        policy_optim=AdamOptimizerFactory(lr=1e-3), critic=critic(), critic_optim=AdamOptimizerFactory(lr=1e-3)
+    )
     if name == "sac":
         actor = ContinuousActorProbabilistic(preprocess_net=Net(state_shape=obs, hidden_sizes=[16]), action_shape=act,
                                              unbounded=True, conditioned_sigma=True)  # fmt: skip
@@ -126,7 +128,9 @@ def test_dqn_loss_is_weighted_and_td_errors_become_priorities(huber: float | Non
     td = (returns - q).abs().numpy()
     last = {int(i): t for i, t in zip(indices, td)}  # repeated index: the last write wins
     idx = np.fromiter(last, dtype=np.int64)
-    np.testing.assert_allclose(buf.priority_tree.get(idx), (np.array(list(last.values())) + DEFAULT_EPS) ** 0.6, rtol=1e-4)
+    np.testing.assert_allclose(
+        buf.priority_tree.get(idx), (np.array(list(last.values())) + DEFAULT_EPS) ** 0.6, rtol=1e-4
+    )
     assert stats.td_error_abs_mean == pytest.approx(float(td.mean()), rel=1e-5)
     assert stats.is_weight_mean == pytest.approx(float(w.mean()), rel=1e-6)
 

@@ -14,7 +14,7 @@ device, or a GPU learner), :meth:`~PrioritizedReplayBuffer.sample` passes them
 on untouched and :meth:`~PrioritizedReplayBuffer.update_priorities` hands the
 TD-error tensor to the tree where it lives.
 
-Thread safety: each buffer has its own ``threading.RLock`` that every public
+Thread safety: each buffer has its own re-entrant lock (a ``ForkSafeLock``) that every public
 operation holds (see :class:`PrioritizedReplayBuffer`); a fork waits for the
 operations under way, so the child gets consistent buffers with free locks.
 """
@@ -22,14 +22,12 @@ operations under way, so the child gets consistent buffers with free locks.
 from __future__ import annotations
 
 import numbers
-import os
-import threading
 import warnings
-import weakref
 from collections.abc import Mapping as AnyMapping
 from typing import Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer
@@ -37,6 +35,7 @@ from stable_baselines3.common.utils import get_device
 from stable_baselines3.common.vec_env import VecNormalize
 
 from hetero_replay import UNSET, Field, PEROptions, PrioritizedReplay, Schema
+from hetero_replay.forksafe import OUTER, ForkSafeLock
 from hetero_replay.mapping import Mapping, one_policy_mapping
 from hetero_replay.torch_batches import same_device
 
@@ -91,7 +90,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     Thread safety: every public operation (:meth:`add`, :meth:`sample`,
     :meth:`update_priorities`, :meth:`reset`, :meth:`size`, the properties and
     array views, pickling for ``save_replay_buffer``) holds the buffer's own
-    ``threading.RLock``, so any of them may be called from several threads at
+    re-entrant lock (held across ``fork``), so any of them may be called from several threads at
     once: each ``add`` lands whole (no row lost or torn), a sample never
     contains a transition that is half written or never written, and a
     pickled buffer is one consistent snapshot. What is *not* covered: reading
@@ -222,8 +221,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._stage_new()
         self._samples_since_update = 0
         self._warned_no_update = False
-        self._lock = threading.RLock()
-        _track(self)
+        self._lock = ForkSafeLock(OUTER)
 
     # -- what a transition holds ------------------------------------------------
 
@@ -234,7 +232,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 f"PrioritizedReplayBuffer stores array observations, got {self.observation_space}; "
                 "use DictPrioritizedReplayBuffer (or MultiInputPolicy, which picks it)"
             )
-        return {"": Field(self.obs_shape, self.observation_space.dtype)}
+        return {"": Field(self.obs_shape, _field_dtype(self.observation_space.dtype))}
 
     def _observation_rows(self, prefix: str, obs: Any) -> dict[str, np.ndarray]:
         """One row of observations (``prefix``: "obs" or "next_obs") as schema fields, shape-checked."""
@@ -314,14 +312,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             types = [type(info).__name__ for info in infos]
             raise TypeError(f"add: infos must be dicts, got {types}") from None
         if truncated.size != self.n_envs:
-            raise ValueError(
-                f"add: infos[i]['TimeLimit.truncated'] must be one bool per env, got {truncated.tolist()}"
-            )
+            raise ValueError(f"add: infos[i]['TimeLimit.truncated'] must be one bool per env, got {truncated.tolist()}")
         return truncated.reshape(self.n_envs)  # SB3's own tests pass one-element arrays as flags
 
     def _observation_tensor(self, prefix: str, data: dict[str, Any], env: VecNormalize | None) -> th.Tensor:
         """Sampled observations from gathered fields, normalised by ``env`` if given."""
-        return self._tensor(self._normalize_obs(data[prefix], env))
+        obs = self._normalize_obs(data[prefix], env)
+        assert not isinstance(obs, dict)  # an array field gives an array (Dict spaces: the subclass's override)
+        return self._tensor(obs)
 
     def _tensor(self, value: np.ndarray | th.Tensor) -> th.Tensor:
         """A sampled field as a tensor on :attr:`device`; the core engine's tensors are already there."""
@@ -334,13 +332,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def _make_replay(self, seed: int) -> PrioritizedReplay:
         fields = {(f"obs/{key}" if key else "obs"): f for key, f in self._observation_fields().items()}
-        fields["action"] = Field((self.action_dim,), self._maybe_cast_dtype(self.action_space.dtype))
-        fields["reward"] = Field((), np.float32)
+        fields["action"] = Field((self.action_dim,), _field_dtype(self._maybe_cast_dtype(self.action_space.dtype)))
+        fields["reward"] = Field((), np.dtype(np.float32))
         if not self.optimize_memory_usage:
             fields.update({f"next_{n}": f for n, f in list(fields.items()) if n.startswith("obs")})
-        fields["done"] = Field((), np.float32)
+        fields["done"] = Field((), np.dtype(np.float32))
         if self.handle_timeout_termination:
-            fields["timeout"] = Field((), np.float32)
+            fields["timeout"] = Field((), np.dtype(np.float32))
         return PrioritizedReplay(self.buffer_size * self.n_envs, Schema(fields), seed=seed, **self._config)
 
     # -- SB3's buffer interface ---------------------------------------------------
@@ -523,6 +521,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             IndexError: an index outside the filled part of the buffer.
             Nothing changes on error.
         """
+        td: np.ndarray | th.Tensor
         if self._device_batches:
             td = th.as_tensor(td_errors).detach().reshape(-1).abs()
             indices = th.as_tensor(indices)
@@ -668,8 +667,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if newest_next_obs is not None:
             self._replay.write_rows(self.pos * self.n_envs, {"obs": newest_next_obs})
         self._stage_new()
-        self._lock = threading.RLock()
-        _track(self)
+        self._lock = ForkSafeLock(OUTER)
 
     def _count_sample(self) -> None:
         """Count a successful sample; warn once when priorities never move. Hold the lock."""
@@ -725,7 +723,9 @@ class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer):
         )  # fmt: skip
 
     def _observation_fields(self) -> dict[str, Field]:
-        return {key: Field(shape, self.observation_space[key].dtype) for key, shape in self.obs_shape.items()}
+        return {
+            key: Field(shape, _field_dtype(self.observation_space[key].dtype)) for key, shape in self.obs_shape.items()
+        }
 
     def _observation_rows(self, prefix: str, obs: Any) -> dict[str, np.ndarray]:
         if not isinstance(obs, AnyMapping):
@@ -800,51 +800,20 @@ def _action_rules(
     return shapes, bounds
 
 
+def _field_dtype(dtype: npt.DTypeLike | None) -> np.dtype:
+    """A space's dtype as the ``np.dtype`` a :class:`~hetero_replay.Field` holds.
+
+    ``None`` (a space without a dtype) is refused as ``Field`` refuses it,
+    rather than read by NumPy as float64.
+    """
+    if dtype is None:
+        raise TypeError("field dtype must be a numeric or bool dtype, got None")
+    return np.dtype(dtype)
+
+
 def _host_copy(value: np.ndarray | th.Tensor) -> np.ndarray:
     """A NumPy copy of storage rows, wherever the storage is."""
     return value.cpu().numpy().copy() if isinstance(value, th.Tensor) else np.array(value)
-
-
-# -- locks across fork ----------------------------------------------------------------------
-
-#: Every live buffer, so that a fork can take all their locks (see _before_fork).
-_BUFFERS: weakref.WeakSet[PrioritizedReplayBuffer] = weakref.WeakSet()
-_BUFFERS_LOCK = threading.Lock()
-_HELD_ACROSS_FORK: list[PrioritizedReplayBuffer] = []
-
-
-def _track(buffer: PrioritizedReplayBuffer) -> None:
-    with _BUFFERS_LOCK:
-        _BUFFERS.add(buffer)
-
-
-def _before_fork() -> None:
-    # Wait for the operations under way and hold every buffer's lock through
-    # the fork: the child then sees whole rows only, and no lock held by a
-    # thread that does not exist there.
-    _BUFFERS_LOCK.acquire()
-    _HELD_ACROSS_FORK[:] = list(_BUFFERS)
-    for buffer in _HELD_ACROSS_FORK:
-        buffer._lock.acquire()
-
-
-def _after_fork_in_parent() -> None:
-    for buffer in _HELD_ACROSS_FORK:
-        buffer._lock.release()
-    _HELD_ACROSS_FORK.clear()
-    _BUFFERS_LOCK.release()
-
-
-def _after_fork_in_child() -> None:
-    global _BUFFERS_LOCK
-    for buffer in _HELD_ACROSS_FORK:
-        buffer._lock = threading.RLock()
-    _HELD_ACROSS_FORK.clear()
-    _BUFFERS_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX only; Windows has no fork
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 def _mapped_device(device: th.device | str, mapping: Mapping) -> str:

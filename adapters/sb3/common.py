@@ -10,10 +10,10 @@ from __future__ import annotations
 import io
 import numbers
 import pathlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule, get_device
 
@@ -25,13 +25,22 @@ from hetero_replay.torch_batches import same_device
 #: ``progress_remaining`` (1 at the start of training, 0 at the end) -> beta.
 BetaSchedule = Callable[[float], float]
 
+if TYPE_CHECKING:
+    from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+
+    # PERMixin is only ever mixed into SB3's off-policy algorithms: type-check it as one
+    # (its attributes and super() calls are theirs). At run time it is a plain mixin.
+    _OffPolicyBase = OffPolicyAlgorithm
+else:
+    _OffPolicyBase = object
+
 
 def has_priorities(buffer_class: type) -> bool:
     """Whether ``buffer_class`` takes priority updates (its samples carry ``weights`` and ``indices``)."""
     return callable(getattr(buffer_class, "update_priorities", None))
 
 
-class PERMixin:
+class PERMixin(_OffPolicyBase):
     """Prioritized replay for an SB3 off-policy algorithm; put it first in the bases.
 
     * With no ``replay_buffer_class`` the algorithm uses
@@ -71,15 +80,8 @@ class PERMixin:
     """
 
     mapping: Mapping | None
-
-    # provided by the SB3 algorithm this mixes into
-    device: th.device
+    # OffPolicyAlgorithm's, narrowed: _setup_model builds a prioritized buffer, load_replay_buffer keeps one
     replay_buffer: PrioritizedReplayBuffer
-    replay_buffer_class: type | None
-    observation_space: spaces.Space
-    n_steps: int
-    _current_progress_remaining: float
-    logger: Any
 
     def __init__(
         self,
@@ -125,7 +127,7 @@ class PERMixin:
                 f"{type(self).__name__} does not support n-step returns (n_steps={self.n_steps}): "
                 "the prioritized buffer stores 1-step transitions"
             )
-        super()._setup_model()  # type: ignore[misc]
+        super()._setup_model()
         if self.beta_schedule is None:
             self.beta_schedule = LinearSchedule(self.replay_buffer.beta, 1.0, 1.0)
         elif not callable(self.beta_schedule):  # a constant, checked in __init__
@@ -146,7 +148,7 @@ class PERMixin:
 
     def _excluded_save_params(self) -> list[str]:
         # The device asked for at construction is not saved: load() passes its own.
-        return [*super()._excluded_save_params(), "_device_arg"]  # type: ignore[misc]
+        return [*super()._excluded_save_params(), "_device_arg"]
 
     def load_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase, truncate_last_traj: bool = True) -> None:
         """SB3's ``load_replay_buffer``; the loaded buffer keeps the placement it was saved with.
@@ -158,13 +160,14 @@ class PERMixin:
         """
         previous = self.replay_buffer
         try:
-            super().load_replay_buffer(path, truncate_last_traj)  # type: ignore[misc]
+            super().load_replay_buffer(path, truncate_last_traj)
             _require_priorities(type(self.replay_buffer), type(self).__name__)
             _require_same_env(self.replay_buffer, self, type(self).__name__)
-            replay = getattr(self.replay_buffer, "replay", None)
-            if replay.device is not None and not same_device(replay.device, self.device):
+            # A priority buffer of another kind may have no engine (and so no batch device) to check.
+            device = getattr(getattr(self.replay_buffer, "replay", None), "device", None)
+            if device is not None and not same_device(device, self.device):
                 raise ValueError(
-                    f"the loaded buffer delivers batches to {str(replay.device)!r}, but {type(self).__name__} "
+                    f"the loaded buffer delivers batches to {str(device)!r}, but {type(self).__name__} "
                     f"trains on {str(self.device)!r}; load it into a model with the mapping it was saved with"
                 )
         except BaseException:

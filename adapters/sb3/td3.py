@@ -6,6 +6,8 @@ and it inherits ``TD3.train``; so one train mixin serves both.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch as th
 from stable_baselines3 import DDPG, TD3
@@ -14,8 +16,15 @@ from torch.nn import functional as F
 
 from hetero_replay.adapters.sb3.common import PERMixin
 
+if TYPE_CHECKING:
+    # The train mixin is only ever mixed into TD3 or DDPG (a TD3): type-check it
+    # as one (self.actor, self.critic, ... are TD3's). At run time it adds no base.
+    _TD3Base = TD3
+else:
+    _TD3Base = object
 
-class PERTD3TrainMixin(PERMixin):
+
+class PERTD3TrainMixin(PERMixin, _TD3Base):
     """``TD3.train`` with prioritized replay; the changes are marked ``# PER``.
 
     * Each critic's squared error is weighted per transition by its
@@ -77,8 +86,11 @@ class PERTD3TrainMixin(PERMixin):
             # Delayed policy updates
             if self._n_updates % self.policy_delay == 0:
                 # Compute actor loss
+                # q1_forward is annotated obs: Tensor, but it takes SB3's PyTorchObs (a dict of
+                # tensors under MultiInputPolicy), as SB3's own TD3.train passes it.
                 actor_loss = -self.critic.q1_forward(
-                    replay_data.observations, self.actor(replay_data.observations)
+                    replay_data.observations,  # type: ignore[arg-type]  # Tensor or dict: see above
+                    self.actor(replay_data.observations),
                 ).mean()
                 actor_losses.append(actor_loss.item())
 

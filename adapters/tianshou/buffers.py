@@ -65,9 +65,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
-import threading
-import weakref
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -89,6 +86,7 @@ from tianshou.data.utils.converter import to_hdf5
 from hetero_replay import UNSET, PEROptions, Priorities, SumTree
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer, add_rows, storable
 from hetero_replay.adapters.tianshou.staging import commit, stage
+from hetero_replay.forksafe import OUTER, ForkSafeLock, holding
 from hetero_replay.mapping import HOST, Mapping
 from hetero_replay.options import check_batch_size
 from hetero_replay.priorities import Normalise
@@ -99,51 +97,13 @@ _ROW_KEYS = frozenset(ReplayBuffer._reserved_keys)
 #: ReplayBuffer options these buffers pass on to Tianshou's storage.
 _STORAGE_OPTIONS = ("stack_num", "ignore_obs_next", "save_only_last_obs")
 
-# -- locks and fork -------------------------------------------------------------------------
-
-#: Every live buffer, for the fork handlers.
-_LIVE: weakref.WeakSet[_TreePriorities] = weakref.WeakSet()
-#: The buffers whose locks ``_before_fork`` took, released or replaced after the fork.
-_HELD_FOR_FORK: list[_TreePriorities] = []
-
-
-def _before_fork() -> None:
-    """Take every buffer's lock, in one global order (by ``id``, as :func:`_holding`), before a fork.
-
-    A lock another thread holds at the fork would stay held forever in the child
-    (that thread does not exist there), and its buffer could be half-written.
-    Waiting for every lock means no thread is inside a buffer call when the
-    child copies the memory.
-    """
-    held = sorted(_LIVE, key=id)
-    for buf in held:
-        buf._lock.acquire()
-    _HELD_FOR_FORK[:] = held
-
-
-def _after_fork_in_parent() -> None:
-    for buf in reversed(_HELD_FOR_FORK):
-        buf._lock.release()
-    _HELD_FOR_FORK.clear()
-
-
-def _after_fork_in_child() -> None:
-    # The child's copies of the locks are held by the fork handler; the child has only this thread.
-    for buf in _HELD_FOR_FORK:
-        buf._lock = threading.RLock()
-    _HELD_FOR_FORK.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+# -- locks ----------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
 def _holding(*buffers: Any) -> Iterator[None]:
-    """Hold the locks of those ``buffers`` that have one, taken in the fork handler's order (no deadlock)."""
-    with contextlib.ExitStack() as stack:
-        for buf in sorted({id(b): b for b in buffers if isinstance(b, _TreePriorities)}.values(), key=id):
-            stack.enter_context(buf._lock)
+    """Hold the locks of those ``buffers`` that have one, in the order a fork takes them (no deadlock)."""
+    with holding(*(b._lock for b in buffers if isinstance(b, _TreePriorities))):
         yield
 
 
@@ -179,7 +139,9 @@ def _check_arguments(
     if merged.eps <= 0:  # the one rule of our own: stored transitions are the slots with a positive priority
         raise ValueError(f"eps must be > 0 (so no stored transition has priority 0), got {merged.eps!r}")
     _flag(weight_norm, "weight_norm")
-    if random_seed is not None and (isinstance(random_seed, (bool, np.bool_)) or not isinstance(random_seed, (int, np.integer))):
+    if random_seed is not None and (
+        isinstance(random_seed, (bool, np.bool_)) or not isinstance(random_seed, (int, np.integer))
+    ):
         raise TypeError(f"random_seed must be an integer or None, got {type(random_seed).__name__} {random_seed!r}")
     unknown = sorted(set(kwargs) - set(_STORAGE_OPTIONS) - {"sample_avail"})
     if unknown:
@@ -196,7 +158,9 @@ def _check_arguments(
 
 
 def _check_batch_size(batch_size: Any) -> None:
-    if batch_size is not None and (isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer))):
+    if batch_size is not None and (
+        isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer))
+    ):
         raise TypeError(f"batch_size must be an integer or None, got {type(batch_size).__name__} {batch_size!r}")
 
 
@@ -293,7 +257,7 @@ class _TreePriorities:
     mapping: Mapping | None
     _weight_norm: bool
     _rng: np.random.Generator
-    _lock: threading.RLock
+    _lock: ForkSafeLock
 
     def _init_priorities(
         self,
@@ -313,8 +277,7 @@ class _TreePriorities:
         self.priorities = Priorities(capacity, options, tree_device)
         self._weight_norm = bool(weight_norm)
         self._rng = np.random.default_rng(random_seed)
-        self._lock = threading.RLock()
-        _LIVE.add(self)
+        self._lock = ForkSafeLock(OUTER)
 
     # -- hyper-parameters and views ---------------------------------------------------------
 
@@ -349,11 +312,11 @@ class _TreePriorities:
         return PriorityWeights(self)
 
     @property
-    def lock(self) -> threading.RLock:
+    def lock(self) -> ForkSafeLock:
         """The buffer's re-entrant lock, held by every public method; hold it to make several calls atomic.
 
         Holding it while calling into another of these buffers can deadlock a
-        concurrent ``fork``, which takes all their locks in ``id`` order.
+        concurrent ``fork``, which takes all their locks in their creation order.
         """
         return self._lock
 
@@ -403,7 +366,7 @@ class _TreePriorities:
             indices, weights = self._draw(batch_size, self._normalise)
             batch = self._rows(indices)
         batch.__dict__["weight"] = weights  # a float32 array: nothing for Batch to parse
-        return cast(PrioBatchProtocol, batch), indices
+        return batch, indices
 
     def get_weight(self, index: int | np.ndarray) -> np.ndarray:
         """IS weights ``(p_min / p_i) ** beta`` of stored transitions (p = priority^alpha), as a 1-D array.
@@ -461,8 +424,10 @@ class _TreePriorities:
                 indices = index
             weights = self._weights(indices, self._normalise)  # checks the indices before any row is read
             batch = self._rows(indices)
-        batch.__dict__["weight"] = np.asarray(weights[0]) if np.ndim(indices) == 0 else weights  # buf[i]: 0-d, as Tianshou
-        return cast(PrioBatchProtocol, batch)
+        batch.__dict__["weight"] = (
+            np.asarray(weights[0]) if np.ndim(indices) == 0 else weights
+        )  # buf[i]: 0-d, as Tianshou
+        return batch
 
     # -- the rest of the buffer, under the lock ---------------------------------------------
 
@@ -500,7 +465,9 @@ class _TreePriorities:
         with self._lock:
             return super().unfinished_index()  # type: ignore[misc]
 
-    def get(self, index: int | list[int] | np.ndarray, key: str, default_value: Any = None, stack_num: int | None = None) -> Any:
+    def get(
+        self, index: int | list[int] | np.ndarray, key: str, default_value: Any = None, stack_num: int | None = None
+    ) -> Any:
         """Tianshou's ``get`` (one key, frame-stacked), under the lock."""
         with self._lock:
             return super().get(index, key, default_value, stack_num)  # type: ignore[misc]
@@ -534,8 +501,7 @@ class _TreePriorities:
                 "(its priorities in 'priority_tree'); rebuild the buffer"
             )
         super().__setstate__(state)  # type: ignore[misc]
-        self._lock = threading.RLock()
-        _LIVE.add(self)
+        self._lock = ForkSafeLock(OUTER)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -642,7 +608,8 @@ def _has_null(arr: Any, ranges: list[tuple[int, int]]) -> bool:
     return any(bool(pd.isnull(arr[a:b]).any()) for a, b in ranges)  # objects: None, NaN, NaT
 
 
-class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
+# The ignore: _TreePriorities.weight deliberately replaces Tianshou's SegmentTree with a PriorityWeights view.
+class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  # type: ignore[misc]
     """Tianshou's ``PrioritizedReplayBuffer`` with priorities in a hetero-replay sum tree.
 
     For a single environment; use :class:`HeteroPrioritizedVectorReplayBuffer` with a
@@ -750,7 +717,9 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
                 numbers, fractional actions into integer storage, ...).
         """
         stacked = buffer_ids is not None
-        if stacked and (np.shape(buffer_ids) != (1,) or np.asarray(buffer_ids).dtype.kind not in "iu" or buffer_ids[0] != 0):
+        if buffer_ids is not None and (
+            np.shape(buffer_ids) != (1,) or np.asarray(buffer_ids).dtype.kind not in "iu" or buffer_ids[0] != 0
+        ):
             raise ValueError(f"a single buffer takes buffer_ids=[0] (or None), got {buffer_ids!r}")
         rows = storable(self, batch, stacked)
         with self._lock:
@@ -796,7 +765,8 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):
         return ptr
 
 
-class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorReplayBuffer):
+# The ignore: _TreePriorities.weight deliberately replaces Tianshou's SegmentTree with a PriorityWeights view.
+class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorReplayBuffer):  # type: ignore[misc]
     """Tianshou's ``PrioritizedVectorReplayBuffer`` with priorities in a hetero-replay sum tree.
 
     ``buffer_num`` sub-buffers of ``ceil(total_size / buffer_num)`` transitions each,
@@ -846,7 +816,9 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         # Tianshou's per-child SegmentTrees (built, then deleted) are never made.
         # Their insertion and episode state lives in one book, for a vectorised add.
         book = EpisodeBook(buffer_num, size)
-        children = [SubBuffer(size, book, env, random_seed=_legacy_seed(random_seed), **kwargs) for env in range(buffer_num)]
+        children = [
+            SubBuffer(size, book, env, random_seed=_legacy_seed(random_seed), **kwargs) for env in range(buffer_num)
+        ]
         ReplayBufferManager.__init__(self, children)  # type: ignore[arg-type]
         self._book = book
         self._random_state = np.random.RandomState(_legacy_seed(random_seed))
@@ -884,7 +856,9 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
             raise TypeError(f"buffer_ids must be a 1-D sequence of integers, got {ids.dtype}{ids.shape}")
         rows = storable(self, batch)
         if np.shape(rows.done) != ids.shape:
-            raise ValueError(f"{len(ids)} buffer ids for a batch of shape {np.shape(rows.done)} (terminated, truncated)")
+            raise ValueError(
+                f"{len(ids)} buffer ids for a batch of shape {np.shape(rows.done)} (terminated, truncated)"
+            )
         listed = ids.tolist()  # a few environments: Python's min/max/set beat NumPy's call overhead
         if listed and (min(listed) < 0 or max(listed) >= self.buffer_num):
             raise IndexError(f"buffer ids must lie in [0, {self.buffer_num}), got {listed}")

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 from tianshou.data import Batch, ReplayBuffer, ReplayBufferManager
+from tianshou.data.batch import BatchProtocol
 from tianshou.data.buffer.buffer_base import MalformedBufferError
 
 from hetero_replay.adapters.tianshou.staging import Staged, commit
-
 
 #: What ``add`` needs in a batch (``done`` is computed from the last two).
 _REQUIRED = frozenset({"obs", "act", "rew", "terminated", "truncated"})
@@ -143,7 +143,7 @@ def add_rows(
     return ptr, np.where(finished, ep_return, 0.0), np.where(done, ep_len, 0), ep_start
 
 
-def storable(buffer: ReplayBuffer, batch: Batch, stacked: bool = True) -> Batch:
+def storable(buffer: ReplayBuffer, batch: BatchProtocol, stacked: bool = True) -> Batch:
     """The keys of ``batch`` that ``buffer`` stores, plus ``done``, as Tianshou's ``add`` prepares them.
 
     A vector buffer (``ReplayBufferManager``) keeps Tianshou's reserved keys, a

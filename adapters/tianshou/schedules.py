@@ -54,7 +54,9 @@ class LinearBetaSchedule:
         for name in ("initial", "final"):
             checked_beta(getattr(self, name), name)
         if isinstance(self.num_updates, bool) or not isinstance(self.num_updates, numbers.Integral):
-            raise TypeError(f"num_updates must be an integer, got {type(self.num_updates).__name__} {self.num_updates!r}")
+            raise TypeError(
+                f"num_updates must be an integer, got {type(self.num_updates).__name__} {self.num_updates!r}"
+            )
         if self.num_updates < 1:
             raise ValueError(f"num_updates must be a positive integer, got {self.num_updates!r}")
 

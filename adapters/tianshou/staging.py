@@ -21,18 +21,24 @@ Two rules are stricter than Tianshou's write, where that write changes data sile
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
 from tianshou.data import Batch, ReplayBuffer, ReplayBufferManager
-from tianshou.data.batch import alloc_by_keys_diff, create_value
+from tianshou.data.batch import BatchProtocol, alloc_by_keys_diff, create_value
+from tianshou.data.types import RolloutBatchProtocol
 
 #: Marks a key the new batch lacks (``None`` is a value Tianshou can store).
 _MISSING = object()
 
 #: Dtypes Tianshou gives these keys when it allocates their storage.
-_ALLOCATED_AS = {"rew": np.dtype(np.float64), "done": np.dtype(bool), "terminated": np.dtype(bool), "truncated": np.dtype(bool)}
+_ALLOCATED_AS = {
+    "rew": np.dtype(np.float64),
+    "done": np.dtype(bool),
+    "terminated": np.dtype(bool),
+    "truncated": np.dtype(bool),
+}
 
 
 class Staged(NamedTuple):
@@ -42,7 +48,7 @@ class Staged(NamedTuple):
     grows: bool  # the storage lacks some of the keys: commit allocates them first
 
 
-def stage(storage: Batch, batch: Batch, n: int, stacked: bool = True) -> Staged:
+def stage(storage: BatchProtocol, batch: BatchProtocol, n: int, stacked: bool = True) -> Staged:
     """``batch`` as ``n`` rows laid out as ``storage`` holds them; changes nothing.
 
     Args:
@@ -64,7 +70,8 @@ def commit(buffer: ReplayBuffer, indices: np.ndarray, staged: Staged) -> None:
     """Write staged rows into ``buffer``'s storage at ``indices``, allocating new keys as Tianshou does."""
     if staged.grows:
         if not buffer._meta.get_keys():
-            buffer._meta = create_value(staged.rows, buffer.maxsize, stack=False)
+            # create_value of a Batch is a Batch; Tianshou types its storage as a RolloutBatchProtocol
+            buffer._meta = cast(RolloutBatchProtocol, create_value(staged.rows, buffer.maxsize, stack=False))
         else:
             alloc_by_keys_diff(buffer._meta, staged.rows, buffer.maxsize, stack=False)
         if isinstance(buffer, ReplayBufferManager):
@@ -72,7 +79,7 @@ def commit(buffer: ReplayBuffer, indices: np.ndarray, staged: Staged) -> None:
     _write(buffer._meta, indices, staged.rows)
 
 
-def _write(storage: Batch, indices: np.ndarray, rows: Batch) -> None:
+def _write(storage: BatchProtocol, indices: np.ndarray, rows: Batch) -> None:
     """``storage[indices] = rows`` for staged rows: one array assignment per key, none of which can fail."""
     for key, column in storage.__dict__.items():
         if _is_batch(column):
@@ -87,15 +94,19 @@ def _is_batch(value: Any) -> bool:
     return kind is Batch or (kind is not np.ndarray and kind is not torch.Tensor and isinstance(value, Batch))
 
 
-def _stage_batch(storage: Batch, batch: Batch, n: int, stacked: bool, prefix: str) -> Staged:
+def _stage_batch(storage: BatchProtocol, batch: BatchProtocol, n: int, stacked: bool, prefix: str) -> Staged:
     out, grows = Batch(), False
     rows = out.__dict__
     for key in {**storage.__dict__, **batch.__dict__}:  # the storage's keys first, in its order
         value = batch.__dict__.get(key, _MISSING)
         column = storage.__dict__.get(key, _MISSING)
         if (
-            stacked and type(value) is np.ndarray and type(column) is np.ndarray and value.dtype == column.dtype
-            and value.shape[:1] == (n,) and value.shape[1:] == column.shape[1:]
+            stacked
+            and type(value) is np.ndarray
+            and type(column) is np.ndarray
+            and value.dtype == column.dtype
+            and value.shape[:1] == (n,)
+            and value.shape[1:] == column.shape[1:]
         ):  # the usual case, spelled out for speed: the value fits as it is
             rows[key] = value
             continue
@@ -143,15 +154,15 @@ def _stage_array(column: Any, value: Any, n: int, stacked: bool, path: str) -> A
     expected = (n, *trailing) if stacked else trailing
     if isinstance(column, torch.Tensor):
         try:
-            source = torch.as_tensor(value)
+            tensor = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as e:
             raise TypeError(f"{path}: the buffer stores {column.dtype}, got values it cannot hold ({e})") from e
-        if tuple(source.shape) != expected:
-            raise ValueError(f"{path}: expected shape {expected}, got {tuple(source.shape)}")
-        if not torch.can_cast(source.dtype, column.dtype):
-            raise TypeError(f"{path}: the buffer stores {column.dtype}, got {source.dtype} values")
-        source = source.to(device=column.device, dtype=column.dtype)
-        return source if stacked else source.unsqueeze(0)
+        if tuple(tensor.shape) != expected:
+            raise ValueError(f"{path}: expected shape {expected}, got {tuple(tensor.shape)}")
+        if not torch.can_cast(tensor.dtype, column.dtype):
+            raise TypeError(f"{path}: the buffer stores {column.dtype}, got {tensor.dtype} values")
+        tensor = tensor.to(device=column.device, dtype=column.dtype)
+        return tensor if stacked else tensor.unsqueeze(0)
     source = value.numpy(force=True) if isinstance(value, torch.Tensor) else np.asarray(value)
     if source.shape != expected:
         raise ValueError(f"{path}: expected shape {expected}, got {source.shape}")

@@ -209,7 +209,9 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         stats = weighted_update(self.wrapped_algorithm, batch)
         return self._wrapper_update_with_batch(batch, stats)
 
-    def _wrapper_update_with_batch(self, batch: RolloutBatchProtocol, original_stats: TrainingStats) -> PERTrainingStats:
+    def _wrapper_update_with_batch(
+        self, batch: RolloutBatchProtocol, original_stats: TrainingStats
+    ) -> PERTrainingStats:
         td = getattr(batch, "weight", None)
         if not isinstance(td, torch.Tensor) or td is self._batch.weight_object:
             raise RuntimeError(
@@ -263,7 +265,9 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         if optim_states is None and strict:
             raise KeyError(f"state_dict lacks {key!r} (the wrapped algorithm's optimizer states)")
         if optim_states is not None and len(optim_states) != len(optimizers):
-            raise ValueError(f"state_dict holds {len(optim_states)} optimizer states, the wrapped algorithm has {len(optimizers)}")
+            raise ValueError(
+                f"state_dict holds {len(optim_states)} optimizer states, the wrapped algorithm has {len(optimizers)}"
+            )
         result = super().load_state_dict(state, strict=strict, assign=assign)  # checks and loads the networks
         for optim, optim_state in zip(optimizers, optim_states or []):
             optim.load_state_dict(optim_state)
@@ -277,7 +281,9 @@ def _modes(module: torch.nn.Module) -> tuple[tuple[torch.nn.Module, bool], ...]:
 
 def _set_beta(buffer: PrioritizedReplayBuffer, beta: float) -> None:
     buffer.set_beta(beta)
-    if isinstance(buffer, PrioritizedReplayBufferManager) and not isinstance(buffer, HeteroPrioritizedVectorReplayBuffer):
+    if isinstance(buffer, PrioritizedReplayBufferManager) and not isinstance(
+        buffer, HeteroPrioritizedVectorReplayBuffer
+    ):
         # Tianshou's PrioritizedVectorReplayBuffer.set_beta only reaches its children,
         # whose trees are unused; sampling reads the manager's own _beta.
         PrioritizedReplayBuffer.set_beta(buffer, beta)

@@ -17,8 +17,9 @@ that raises (library missing, extension that does not build) is reported as
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class Contender(ABC):
     profile_parts: tuple[str, ...] = ()
     owns_buffer: bool = True
 
-    def activate(self) -> None:
+    def activate(self) -> None:  # noqa: B027 - an optional hook: most contenders need none
         """Called before every timed repeat; e.g. sets this contender's thread count."""
 
     @abstractmethod
@@ -119,7 +120,7 @@ class Contender(ABC):
         """The parts of a learner step (:attr:`profile_parts`) as separately timeable calls."""
         return {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: most contenders need none
         """Drop the buffer so its memory can be reused by the next capacity."""
 
 

@@ -9,8 +9,9 @@ before each timed repeat. Backends added to ``hetero_replay.backends()`` later
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -28,9 +29,7 @@ class HeteroContender(Contender):
     role = "ours"
     profile_parts = ("tree.sample", "storage.gather", "tree.update_td")
 
-    def __init__(
-        self, buf: PrioritizedReplay, backend: str, threads: int | None, owns_buffer: bool = True
-    ) -> None:
+    def __init__(self, buf: PrioritizedReplay, backend: str, threads: int | None, owns_buffer: bool = True) -> None:
         self.buf = buf
         self.backend = backend
         self.threads = threads
@@ -40,8 +39,7 @@ class HeteroContender(Contender):
         self.setup = (
             f"PrioritizedReplay(tree={backend!r}, fanout=16, float32 priorities, stratified); "
             + ("threads: n/a" if threads is None else f"hetero_replay.set_num_threads({threads})")
-            + (f"; filled with add() in chunks of {FILL_CHUNK:,}" if owns_buffer
-               else "; the 1-thread column's buffer")
+            + (f"; filled with add() in chunks of {FILL_CHUNK:,}" if owns_buffer else "; the 1-thread column's buffer")
         )
 
     def activate(self) -> None:

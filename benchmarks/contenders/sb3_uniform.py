@@ -15,7 +15,8 @@ how full a uniform buffer is.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -54,8 +55,12 @@ class SB3Contender(Contender):
     @staticmethod
     def _row(rb: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
         return {
-            "obs": arrays["obs"], "next_obs": arrays["next_obs"], "action": arrays["action"],
-            "reward": arrays["reward"], "done": arrays["done"], "infos": [{} for _ in range(rb.n_envs)],
+            "obs": arrays["obs"],
+            "next_obs": arrays["next_obs"],
+            "action": arrays["action"],
+            "reward": arrays["reward"],
+            "done": arrays["done"],
+            "infos": [{} for _ in range(rb.n_envs)],
         }
 
     def fill(self, data: Mapping[str, np.ndarray]) -> None:

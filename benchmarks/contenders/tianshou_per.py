@@ -13,7 +13,8 @@ whatever the number of sub-buffers.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -45,8 +46,12 @@ class TianshouContender(Contender):
     def _batch(self, arrays: Mapping[str, np.ndarray]) -> Any:
         done = arrays["done"].astype(bool)
         return self._Batch(
-            obs=arrays["obs"], act=arrays["action"], rew=arrays["reward"], obs_next=arrays["next_obs"],
-            terminated=done, truncated=np.zeros_like(done),
+            obs=arrays["obs"],
+            act=arrays["action"],
+            rew=arrays["reward"],
+            obs_next=arrays["next_obs"],
+            terminated=done,
+            truncated=np.zeros_like(done),
         )
 
     def fill(self, data: Mapping[str, np.ndarray]) -> None:

@@ -18,9 +18,10 @@ import importlib.metadata
 import importlib.util
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
