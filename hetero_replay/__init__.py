@@ -16,6 +16,7 @@ from hetero_replay.registry import backends, register_backend, register_storage,
 from hetero_replay.replay import PrioritizedReplay, Sample
 from hetero_replay.storage import Field, HostStorage, Schema, Storage
 from hetero_replay.trees import SumTree, make_tree
+from hetero_replay.trees.base import DeviceTree
 
 try:  # the version is written once, in pyproject.toml
     __version__ = _metadata.version("hetero-replay")
@@ -35,6 +36,7 @@ __all__ = [
     "Sample",
     "Schema",
     "SumTree",
+    "DeviceTree",
     "backends",
     "make_tree",
     "num_threads",

@@ -83,7 +83,7 @@ from tianshou.data.batch import IndexType
 from tianshou.data.types import PrioBatchProtocol, RolloutBatchProtocol
 from tianshou.data.utils.converter import to_hdf5
 
-from hetero_replay import UNSET, PEROptions, Priorities, SumTree
+from hetero_replay import UNSET, DeviceTree, PEROptions, Priorities, SumTree
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer, add_rows, storable
 from hetero_replay.adapters.tianshou.staging import commit, stage
 from hetero_replay.forksafe import OUTER, ForkSafeLock, holding
@@ -396,7 +396,7 @@ class _TreePriorities:
         if isinstance(new_weight, torch.Tensor):
             if new_weight.dtype == torch.bool or new_weight.is_complex():
                 raise TypeError(f"new_weight (TD errors) must be real numbers, got a {new_weight.dtype} tensor")
-            if hasattr(self.priority_tree, "sample_tensors"):
+            if isinstance(self.priority_tree, DeviceTree):
                 td = new_weight.detach().reshape(-1).abs()  # a device tree takes the tensor where it is
             else:
                 td = _td_magnitudes(new_weight.detach().cpu().numpy())
