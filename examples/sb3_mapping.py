@@ -3,8 +3,8 @@
 A ``Mapping`` names where each primitive runs (inference, sample, update,
 train) and where transitions are stored. ``PERDQN(..., mapping=m)`` trains on
 ``m.learner_device`` and builds its buffer from ``m.replay_kwargs()``. The
-script trains until CartPole is solved (about 5k steps, under a minute on a
-CPU), counts what one ``train()`` call really moves between devices
+script trains PERDQN on CartPole (a mean return above 150 usually within a few
+thousand steps, about a minute on a CPU), counts what one ``train()`` call really moves between devices
 (``TransferCounter``) next to what the mapping says it moves
 (``m.transfers()``), and saves and loads the model with its mapping.
 
@@ -49,7 +49,7 @@ def main() -> None:
 
     model = PERDQN(
         "MlpPolicy", "CartPole-v1", mapping=mapping, seed=args.seed,
-        learning_rate=2.3e-3, batch_size=64, buffer_size=50_000, learning_starts=1000, target_update_interval=10,
+        learning_rate=2.3e-3, batch_size=64, buffer_size=50_000, learning_starts=1000, target_update_interval=100,
         train_freq=16, gradient_steps=8, exploration_fraction=0.16, exploration_final_eps=0.04,
         policy_kwargs=dict(net_arch=[256, 256]),
     )  # fmt: skip

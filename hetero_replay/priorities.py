@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from hetero_replay import _native
-from hetero_replay.options import PEROptions, check_alpha, check_batch_size, check_beta, check_eps, check_floor
+from hetero_replay.options import PEROptions, check_alpha, check_beta, check_eps, check_floor
 from hetero_replay.trees import SumTree, make_tree
 from hetero_replay.trees.base import describe_max_leaf
 
@@ -81,7 +81,7 @@ class Priorities:
 
     @property
     def beta(self) -> float:
-        """IS-weight exponent in ``[0, 1]`` used when :meth:`sample` is given none."""
+        """IS-weight exponent in ``[0, 1]``: what owners pass to :meth:`draw` unless a call names another."""
         return self._beta
 
     @beta.setter
@@ -132,39 +132,24 @@ class Priorities:
         if max_raw > self._max_priority:
             self._max_priority = max_raw
 
-    def sample(
-        self,
-        batch_size: Any,
-        rng: Any,
-        beta: float | None = None,
-        normalise: Normalise = "global",
-    ) -> tuple[Any, Any]:
+    def draw(self, batch_size: int, rng: Any, beta: float, normalise: Normalise = "global") -> tuple[Any, Any]:
         """Draw ``batch_size`` slots with probability ``P(i)``; returns ``(indices, IS weights)``.
 
-        ``beta`` defaults to :attr:`beta`. Weights are normalised by the
-        largest weight in the buffer (``"global"``) or in the batch
-        (``"batch"``). Arguments are checked before the generator ``rng`` is
-        touched: a refused call leaves it as it was.
+        Weights are normalised by the largest weight in the buffer (``"global"``)
+        or in the batch (``"batch"``). The arguments are the caller's to check
+        (:func:`~hetero_replay.options.check_batch_size`, ``check_beta``) before the
+        generator ``rng`` is touched; an empty tree raises ``ValueError`` before
+        any draw.
         """
-        n = check_batch_size(batch_size)
-        b = self._beta if beta is None else check_beta(beta)
-        if normalise not in ("global", "batch"):
-            raise ValueError(f"normalise must be 'global' or 'batch', got {normalise!r}")
-        if not self.tree.total() > 0:
-            raise ValueError("no transition can be drawn: every priority is 0 (or nothing was added)")
-        return self.draw(n, rng, b, normalise)
-
-    def draw(self, batch_size: int, rng: Any, beta: float, normalise: Normalise = "global") -> tuple[Any, Any]:
-        """:meth:`sample` with arguments already checked (for owners that checked them)."""
         indices, weights = self.tree.sample(batch_size, rng, beta, self.stratified)
         if normalise == "batch":
             weights = weights / weights.max()
         return indices, weights
 
     def weights(self, indices: Any, beta: float | None = None, normalise: Normalise = "global") -> np.ndarray:
-        """IS weights ``(p_min / p_i) ** beta`` of slots ``indices`` (float32), as :meth:`sample` gives them.
+        """IS weights ``(p_min / p_i) ** beta`` of slots ``indices`` (float32), as :meth:`draw` gives them.
 
-        ``beta`` and ``normalise`` as in :meth:`sample` (``"batch"``: divided by
+        ``beta`` and ``normalise`` as in :meth:`draw` (``"batch"``: divided by
         the largest of these weights). Slots with priority 0 get weight ``inf``;
         callers index stored slots only.
         """

@@ -362,19 +362,19 @@ def storages(usable_only: bool = True) -> tuple[str, ...]:
 
 def backend_spec(name: str) -> BackendSpec:
     """The :class:`BackendSpec` of ``name``; ``ValueError`` listing the registered names if unknown."""
-    _ensure_plugins()
-    spec = _backends.get(name) if isinstance(name, str) else None
-    if spec is None:
-        raise ValueError(f"unknown tree backend {name!r}; choose 'auto' or one of {tuple(_backends)}")
-    return spec
+    return _lookup(_backends, name, "tree backend", "'auto' or one of ")
 
 
 def storage_spec(name: str) -> StorageSpec:
     """The :class:`StorageSpec` registered as ``name``; ``ValueError`` listing the registered names if unknown."""
+    return _lookup(_storages, name, "storage", "one of ")
+
+
+def _lookup(table: dict[str, Any], name: Any, what: str, choose: str) -> Any:
     _ensure_plugins()
-    spec = _storages.get(name) if isinstance(name, str) else None
+    spec = table.get(name) if isinstance(name, str) else None
     if spec is None:
-        raise ValueError(f"unknown storage {name!r}; choose one of {tuple(_storages)}")
+        raise ValueError(f"unknown {what} {name!r}; choose {choose}{tuple(table)}")
     return spec
 
 

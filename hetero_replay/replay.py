@@ -35,6 +35,7 @@ from hetero_replay.priorities import Priorities
 from hetero_replay.storage import HOST, Schema, Storage, make_storage
 from hetero_replay.trees import SumTree
 from hetero_replay.trees.base import MAX_CAPACITY
+from hetero_replay.trees.numpy_tree import as_indices
 
 
 class Sample(NamedTuple):
@@ -279,7 +280,7 @@ class PrioritizedReplay:
         with self._lock:
             if self._batches is not None:
                 return self._batches.read(name, indices)
-            return self.storage.gather(np.asarray(indices, np.int64), fields=[name])[name]
+            return self.storage.gather(as_indices(indices, self.capacity), fields=[name])[name]
 
     def view(self, name: str) -> Any:
         """A live view of field ``name`` over all ``capacity`` rows (NumPy or torch).

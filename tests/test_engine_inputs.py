@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetero_replay import PrioritizedReplay, _native
+from hetero_replay import PEROptions, Priorities, PrioritizedReplay, _native
 from hetero_replay.storage import Field, Schema
 from hetero_replay.trees import make_tree
 from hetero_replay.trees.base import max_leaf
@@ -206,3 +206,64 @@ def test_an_exception_on_a_pool_thread_reaches_the_caller(failing_item):
         with pytest.raises(RuntimeError, match=f"item {failing_item} failed"):
             _native.run_parallel_for_test(64, 4, failing_item)
     _native.run_parallel_for_test(64, 4, -1)  # the pool still works afterwards
+
+
+# -- the methods adapters use: refused calls change nothing --------------------------------
+
+
+def test_refused_write_rows_changes_nothing(backend):
+    buf = PrioritizedReplay(16, SCHEMA, tree=backend, seed=0)
+    buf.add(make_batch(10))
+    before = snapshot(buf)
+    good_obs = np.ones((2, 3), np.float32)
+    bad_calls = [
+        (IndexError, "start", dict(start=16, fields={"obs": good_obs})),
+        (IndexError, "start", dict(start=-1, fields={"obs": good_obs})),
+        (IndexError, "start", dict(start=2.0, fields={"obs": good_obs})),
+        (ValueError, "unknown", dict(start=0, fields={"nope": good_obs})),
+        (ValueError, "some of", dict(start=0, fields={})),
+        (ValueError, "field 'obs': expected shape", dict(start=0, fields={"obs": np.ones((2, 4))})),
+        (ValueError, "overflows float32", dict(start=0, fields={"obs": np.full((2, 3), 1e300)})),
+        (ValueError, "rows but", dict(start=0, fields={"obs": good_obs, "reward": np.ones(3)})),
+    ]
+    for error, match, kwargs in bad_calls:
+        with pytest.raises(error, match=match):
+            buf.write_rows(**kwargs)
+    assert_unchanged(buf, before)
+    buf.write_rows(15, {"obs": good_obs})  # wraps: rows 15 and 0
+    np.testing.assert_array_equal(buf.storage.arrays["obs"][[15, 0]], good_obs)
+
+
+def test_refused_read_rows_and_clear_priorities_change_nothing(backend):
+    buf = PrioritizedReplay(16, SCHEMA, tree=backend, seed=0)
+    buf.add(make_batch(10))
+    before = snapshot(buf)
+    for bad in ([-1], [16], [3, 99]):
+        with pytest.raises(IndexError, match="outside"):
+            buf.read_rows("obs", bad)
+        with pytest.raises(IndexError, match="outside"):
+            buf.clear_priorities(bad)
+    with pytest.raises(TypeError, match="integers"):
+        buf.read_rows("obs", [1.5])
+    assert_unchanged(buf, before)
+    np.testing.assert_array_equal(buf.read_rows("action", [2, 12]), [2, 0])  # any slot, filled or not
+    buf.clear_priorities([4])
+    assert buf.tree.get([4])[0] == 0 and 4 not in buf.sample(512).indices
+
+
+def test_refused_priorities_load_keeps_leaves_and_max_priority(backend):
+    p = Priorities(8, PEROptions(tree=backend))
+    p.assign_new(np.arange(8))
+    p.update([0], [3.0])
+    leaves, max_priority = p.leaves(), p.max_priority
+    for bad_leaves, bad_max in (
+        (np.ones(8), float("nan")),
+        (np.ones(8), "2"),
+        (np.full(8, np.nan), 2.0),
+        (np.ones(5), 2.0),
+        (np.full(8, 1e38), 2.0),
+    ):
+        with pytest.raises((TypeError, ValueError)):
+            p.load(bad_leaves, bad_max)
+        np.testing.assert_array_equal(p.leaves(), leaves)
+        assert p.max_priority == max_priority
