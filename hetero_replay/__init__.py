@@ -11,6 +11,7 @@ from importlib import metadata as _metadata
 from hetero_replay._native import num_threads, set_num_threads
 from hetero_replay.checkpoint import ReplayFileError
 from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions
+from hetero_replay.pipeline import RelaxedReplay
 from hetero_replay.priorities import Priorities
 from hetero_replay.registry import backends, register_backend, register_storage, storages
 from hetero_replay.replay import PrioritizedReplay, Sample
@@ -32,6 +33,7 @@ __all__ = [
     "Field",
     "HostStorage",
     "PrioritizedReplay",
+    "RelaxedReplay",
     "ReplayFileError",
     "Sample",
     "Schema",

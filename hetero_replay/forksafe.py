@@ -10,8 +10,8 @@ these; SubprocVecEnv, multiprocessing and Ray's workers fork.
 
 Locks are taken in ``(order, creation)`` order. A thread that holds one lock
 while taking another must take them in that order too, or a concurrent fork
-can deadlock: adapters' buffers (order 0) call into the engine's (order 1),
-never the reverse.
+can deadlock: adapters' buffers (order 0) call into the engine's (order 2),
+never the reverse; a relaxed pipeline (order 1) sits between them.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from typing import Any
 
 #: ``order`` of a host-library adapter's buffer lock: taken first.
 OUTER = 0
-#: ``order`` of the engine's buffer lock, which adapters' buffers call into.
-INNER = 1
+#: ``order`` of a relaxed pipeline's lock (:mod:`hetero_replay.pipeline`), between the two.
+PIPELINE = 1
+#: ``order`` of the engine's buffer lock, which adapters' buffers and pipelines call into.
+INNER = 2
 
 _live: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()
 _registry_lock = threading.Lock()
@@ -39,7 +41,7 @@ class ForkSafeLock:
     """A ``threading.RLock`` that is held across ``fork`` and fresh in the child.
 
     Use it as a context manager (``with lock:``) or with ``acquire`` /
-    ``release``. It cannot be pickled: owners drop it in ``__getstate__`` and
+    ``release``, or under a ``threading.Condition``. It cannot be pickled: owners drop it in ``__getstate__`` and
     make a new one in ``__setstate__``.
     """
 
@@ -63,6 +65,16 @@ class ForkSafeLock:
 
     def __exit__(self, *exc: Any) -> None:
         self._lock.release()
+
+    # What threading.Condition needs of a re-entrant lock (RLock's own, delegated).
+    def _is_owned(self) -> bool:
+        return self._lock._is_owned()  # type: ignore[attr-defined]
+
+    def _release_save(self) -> Any:
+        return self._lock._release_save()  # type: ignore[attr-defined]
+
+    def _acquire_restore(self, state: Any) -> None:
+        self._lock._acquire_restore(state)  # type: ignore[attr-defined]
 
     def __reduce__(self) -> Any:
         raise TypeError("a ForkSafeLock cannot be pickled; drop it in __getstate__ and make a new one")
@@ -103,4 +115,4 @@ if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
-__all__ = ["INNER", "OUTER", "ForkSafeLock", "holding"]
+__all__ = ["INNER", "OUTER", "PIPELINE", "ForkSafeLock", "holding"]

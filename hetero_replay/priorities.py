@@ -16,7 +16,7 @@ its owner serialises calls.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,14 @@ from hetero_replay.trees import SumTree, make_tree
 from hetero_replay.trees.base import describe_max_leaf
 
 Normalise = Literal["global", "batch"]
+
+
+class PrioritySnapshot(NamedTuple):
+    """What :meth:`Priorities.restore` needs to undo an update of ``indices``."""
+
+    indices: Any
+    leaves: Any
+    max_priority: float
 
 
 class Priorities:
@@ -50,6 +58,9 @@ class Priorities:
         self._alpha, self._beta, self._eps = o.alpha, o.beta, o.eps
         self.stratified = o.stratified
         self._max_priority = 1.0
+        # Write epochs (see track_writes): None until someone needs to know which slots were rewritten.
+        self._written_at: np.ndarray | None = None
+        self._epoch = 0
 
     # -- hyper-parameters --------------------------------------------------------------
 
@@ -115,10 +126,64 @@ class Priorities:
         """Give new transitions at ``indices`` the priority :meth:`new_priority` (checked first)."""
         value = self.new_priority() if priority is None else priority
         self.tree.update(indices, np.full(len(indices), value, self.tree.dtype))
+        self._wrote(indices)
 
     def clear(self, indices: Any) -> None:
         """Priority 0 at ``indices``: those slots are never drawn until written again."""
         self.tree.update(indices, np.zeros(len(indices), self.tree.dtype))
+        self._wrote(indices)
+
+    # -- write epochs: which slots changed transition since a batch was drawn ----------------
+
+    def track_writes(self) -> None:
+        """Start recording, per slot, the epoch of its last write (:meth:`assign_new`, :meth:`clear`).
+
+        A late priority update (one computed from a batch drawn at epoch ``e``)
+        must not land on a slot that holds another transition by now; see
+        :meth:`overwritten_since`. Costs 8 bytes per slot, so it is off until a
+        relaxed pipeline asks for it. Slots written before count as written at
+        epoch 0.
+        """
+        if self._written_at is None:
+            self._written_at = np.zeros(self.capacity, np.int64)
+
+    @property
+    def write_epoch(self) -> int:
+        """Number of writes so far (while :meth:`track_writes` is on): the epoch a batch drawn now carries."""
+        return self._epoch
+
+    def _wrote(self, indices: Any) -> None:
+        if self._written_at is not None:
+            self._epoch += 1
+            self._written_at[_host(indices)] = self._epoch
+
+    def overwritten_since(self, indices: Any, epoch: int) -> np.ndarray | None:
+        """Mask of ``indices`` whose slot was written after ``epoch``; ``None`` when none was.
+
+        Needs :meth:`track_writes`. Indices out of range are left for the update to refuse.
+        """
+        if self._written_at is None:
+            raise RuntimeError("overwritten_since needs track_writes() first")
+        if epoch >= self._epoch:
+            return None
+        idx = np.asarray(_host(indices))
+        inside = (idx >= 0) & (idx < self.capacity)
+        stale = np.zeros(idx.shape, bool)
+        stale[inside] = self._written_at[idx[inside]] > epoch
+        return stale if stale.any() else None
+
+    def snapshot(self, indices: Any) -> PrioritySnapshot:
+        """The priorities of ``indices`` and the max priority, for :meth:`restore`."""
+        return PrioritySnapshot(indices, self.tree.get(indices), self._max_priority)
+
+    def restore(self, snapshot: PrioritySnapshot) -> None:
+        """Undo everything done to the snapshot's slots since it was taken.
+
+        Exact: every tree recomputes a node from its children, so the tree
+        depends on its leaves only, not on the order of updates.
+        """
+        self.tree.update(snapshot.indices, snapshot.leaves)
+        self._max_priority = snapshot.max_priority
 
     def update(self, indices: Any, td_errors: Any, limit: int | None = None) -> None:
         """Set priorities from ``|TD errors|``: ``(|td| + eps) ** alpha``.
@@ -183,6 +248,9 @@ class Priorities:
         except (TypeError, ValueError):
             self._max_priority = old
             raise
+        if self._written_at is not None:  # every slot holds a transition it did not hold before
+            self._epoch += 1
+            self._written_at[:] = self._epoch
 
     def __repr__(self) -> str:
         return (
@@ -191,4 +259,11 @@ class Priorities:
         )
 
 
-__all__ = ["Normalise", "Priorities"]
+def _host(x: Any) -> Any:
+    """Indices as the host sees them: a torch tensor or CuPy array is copied back."""
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    return x.get() if hasattr(x, "__cuda_array_interface__") else x
+
+
+__all__ = ["Normalise", "Priorities", "PrioritySnapshot"]

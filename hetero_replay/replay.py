@@ -31,10 +31,10 @@ import numpy as np
 from hetero_replay import checkpoint
 from hetero_replay.forksafe import INNER, ForkSafeLock
 from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions, check_batch_size, check_beta, check_seed
-from hetero_replay.priorities import Priorities
+from hetero_replay.priorities import Priorities, PrioritySnapshot
 from hetero_replay.storage import HOST, Schema, Storage, make_storage
 from hetero_replay.trees import SumTree
-from hetero_replay.trees.base import MAX_CAPACITY
+from hetero_replay.trees.base import MAX_CAPACITY, DeviceTree
 from hetero_replay.trees.numpy_tree import as_indices
 
 
@@ -252,10 +252,60 @@ class PrioritizedReplay:
         Tensors on any device are accepted where the buffer serves torch.
         """
         with self._lock:
-            limit = None if self._size == self.capacity else self._size
-            if self._batches is not None:
-                indices, td_errors = self._batches.tree_inputs(indices, td_errors)
-            self.priorities.update(indices, td_errors, limit)
+            self._update(indices, td_errors)
+
+    def _update(self, indices: Any, td_errors: Any) -> None:
+        limit = None if self._size == self.capacity else self._size
+        if self._batches is not None:
+            indices, td_errors = self._batches.tree_inputs(indices, td_errors)
+        self.priorities.update(indices, td_errors, limit)
+
+    # -- what the relaxed pipeline needs: late updates, dropped where slots were rewritten ---------
+
+    def track_writes(self) -> int:
+        """Record from now on which slots each write changes; returns the current :attr:`write_epoch`.
+
+        See :meth:`~hetero_replay.priorities.Priorities.track_writes`.
+        """
+        with self._lock:
+            self.priorities.track_writes()
+            return self.priorities.write_epoch
+
+    @property
+    def write_epoch(self) -> int:
+        """Writes so far (adds and cleared slots) since :meth:`track_writes`: a batch drawn now carries it."""
+        return self.priorities.write_epoch
+
+    def update_priorities_since(
+        self, indices: Any, td_errors: Any, epoch: int, keep_undo: bool = False
+    ) -> tuple[int, PrioritySnapshot | None]:
+        """:meth:`update_priorities` for a batch drawn at write ``epoch``, skipping rewritten slots.
+
+        Entries whose slot was written after ``epoch`` (it holds another
+        transition now) are dropped. With ``keep_undo``, returns a snapshot
+        that :meth:`restore_priorities` undoes the update with. Returns
+        ``(entries dropped, snapshot or None)``; errors as :meth:`update_priorities`
+        (positions then count the entries not dropped), and nothing changes on error.
+        """
+        with self._lock:
+            stale = self.priorities.overwritten_since(indices, epoch)
+            dropped = 0
+            if stale is not None:
+                indices, td_errors = _select(indices, ~stale), _select(td_errors, ~stale)
+                dropped = int(stale.sum())
+            snapshot = None
+            if keep_undo:
+                tree_indices = self._batches.tree_inputs(indices, None)[0] if self._batches else indices
+                if not isinstance(self.tree, DeviceTree):
+                    tree_indices = as_indices(tree_indices, self.capacity)
+                snapshot = self.priorities.snapshot(tree_indices)
+            self._update(indices, td_errors)
+            return dropped, snapshot
+
+    def restore_priorities(self, snapshot: PrioritySnapshot) -> None:
+        """Undo an update (see :meth:`update_priorities_since`) exactly; later updates of the same slots too."""
+        with self._lock:
+            self.priorities.restore(snapshot)
 
     # -- what adapters need besides the three operations ----------------------------------
 
@@ -438,6 +488,15 @@ class PrioritizedReplay:
         fresh = PrioritizedReplay.from_state_dict(d["state"], tree=d["tree"], **d.get("placement", {}))
         self._lock = ForkSafeLock(INNER)
         self._become(fresh)
+
+
+def _select(values: Any, keep: np.ndarray) -> Any:
+    """``values[keep]`` (flattened) for a NumPy array, array-like or torch tensor."""
+    if hasattr(values, "detach"):  # a torch tensor, wherever it is
+        import torch
+
+        return values.reshape(-1)[torch.from_numpy(keep).to(values.device)]
+    return np.asarray(values).reshape(-1)[keep]
 
 
 __all__ = ["DEFAULT_EPS", "PrioritizedReplay", "Sample"]

@@ -18,6 +18,7 @@ LAYERS = [
     ("hetero_replay.options", "hetero_replay.checkpoint"),
     ("hetero_replay.priorities",),
     ("hetero_replay.replay", "hetero_replay.torch_batches"),
+    ("hetero_replay.pipeline",),
     ("hetero_replay.mapping",),
     ("hetero_replay",),  # the package's facade: what adapters and users import
     ("hetero_replay.adapters",),

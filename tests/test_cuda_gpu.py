@@ -146,3 +146,33 @@ def test_all_gpu_training_step_moves_only_the_uniforms(tree):
     assert len(h2d) + len(d2h) == len(counter.copies)
     assert all(size == 64 * 8 for size in h2d) and all(size <= 5 * 8 for size in d2h)
     assert counter.scalar_reads == 0
+
+
+@needs_torch_cuda
+@pytest.mark.parametrize("mapping", ["host-tree", "device-tree"])
+def test_relaxed_pipeline_on_a_side_stream_serves_the_inline_batches(mapping):
+    """A CUDA learner: the worker draws and copies on a side stream; batches equal the inline schedule's."""
+    from hetero_replay import PrioritizedReplay, RelaxedReplay
+
+    kwargs = dict(device="cuda") if mapping == "host-tree" else dict(tree="torch", tree_device="cuda", storage="cuda")
+
+    def run(worker: str) -> list:
+        buf = RelaxedReplay(PrioritizedReplay(4096, SCHEMA, seed=0, **kwargs), staleness=2, prefetch=2, worker=worker)
+        buf.add(make_batch(3000))
+        out = []
+        for t in range(40):
+            b = buf.sample(256, beta=0.5)
+            assert b.weights.is_cuda and all(v.is_cuda for v in b.data.values())
+            td = (b.weights * 0 + 1 + (t % 5)).float()  # computed on the learner's stream
+            buf.update_priorities(b.indices, td)
+            out.append((b.indices.cpu().numpy().copy(), b.weights.cpu().numpy().copy()))
+        buf.flush()
+        out.append((buf.priorities.leaves(), None))
+        buf.close()
+        return out
+
+    thread, inline = run("thread"), run("inline")
+    for (i1, w1), (i2, w2) in zip(thread, inline, strict=True):
+        np.testing.assert_array_equal(i1, i2)
+        if w1 is not None:
+            np.testing.assert_array_equal(w1, w2)

@@ -37,6 +37,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 from hetero_replay import UNSET, Field, PEROptions, PrioritizedReplay, Schema
 from hetero_replay.forksafe import OUTER, ForkSafeLock
 from hetero_replay.mapping import Mapping, one_policy_mapping
+from hetero_replay.pipeline import RelaxedReplay, check_staleness
 from hetero_replay.torch_batches import same_device
 
 #: A buffer sampled this many times in a row without ``update_priorities`` warns once.
@@ -129,6 +130,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             pass it here.
         options: a ready :class:`hetero_replay.PEROptions`; the PER keyword
             arguments above, where given, override its fields.
+        staleness: how many learner steps a priority update may lag behind
+            sampling (:class:`hetero_replay.pipeline.RelaxedReplay`): with
+            ``k >= 1`` a worker thread draws the next batches and applies
+            priority updates while the learner trains, on a fixed schedule
+            (seeded runs repeat exactly). ``0`` (the default) is exact PER.
+        prefetch: batches the worker prepares ahead (at most ``staleness``).
 
     With device batches (storage on a device, or a learner off the CPU), the
     sampled tensors come from the core engine untouched, the ``indices`` are a
@@ -173,10 +180,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         seed: int | None = None,
         mapping: Mapping | None = None,
         options: PEROptions | None = None,
+        staleness: int = 0,
+        prefetch: int = 1,
     ) -> None:
         # The PER options are checked by PEROptions; these arguments are the
         # adapter's own (or would reach NumPy unnamed).
         _check_int("buffer_size", buffer_size, minimum=1)
+        self.staleness = check_staleness(staleness)
+        self.prefetch = check_staleness(prefetch, "prefetch")
+        if self.prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         _check_int("n_envs", n_envs, minimum=1)
         for name, flag in [
             ("optimize_memory_usage", optimize_memory_usage),
@@ -330,7 +343,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Whether the core engine hands out torch tensors on the learner's device."""
         return self._replay.device is not None
 
-    def _make_replay(self, seed: int) -> PrioritizedReplay:
+    def _make_replay(self, seed: int) -> PrioritizedReplay | RelaxedReplay:
         fields = {(f"obs/{key}" if key else "obs"): f for key, f in self._observation_fields().items()}
         fields["action"] = Field((self.action_dim,), _field_dtype(self._maybe_cast_dtype(self.action_space.dtype)))
         fields["reward"] = Field((), np.dtype(np.float32))
@@ -339,7 +352,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         fields["done"] = Field((), np.dtype(np.float32))
         if self.handle_timeout_termination:
             fields["timeout"] = Field((), np.dtype(np.float32))
-        return PrioritizedReplay(self.buffer_size * self.n_envs, Schema(fields), seed=seed, **self._config)
+        replay = PrioritizedReplay(self.buffer_size * self.n_envs, Schema(fields), seed=seed, **self._config)
+        return RelaxedReplay(replay, self.staleness, self.prefetch) if self.staleness else replay
 
     # -- SB3's buffer interface ---------------------------------------------------
 
@@ -552,7 +566,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Empty the buffer (priorities and the max priority start over)."""
         with self._lock:
             super().reset()
-            self._replay = self._make_replay(int(self._replay.rng.integers(2**31 - 1)))
+            old = self._replay
+            self._replay = self._make_replay(int(old.rng.integers(2**31 - 1)))
+            if isinstance(old, RelaxedReplay):
+                old.close()  # stops its worker
             self._stage_new()
 
     # -- PER state ------------------------------------------------------------------
@@ -581,8 +598,20 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             return self._replay.max_priority
 
     @property
-    def replay(self) -> PrioritizedReplay:
-        """The core engine that holds the transitions and their priorities.
+    def dropped_updates(self) -> int:
+        """Priority updates skipped because their slot was rewritten first (``staleness >= 1`` only)."""
+        return self._replay.dropped_updates if isinstance(self._replay, RelaxedReplay) else 0
+
+    def flush(self) -> None:
+        """Apply every queued priority update now (``staleness >= 1``; otherwise nothing is queued)."""
+        with self._lock:
+            self._commit()
+            if isinstance(self._replay, RelaxedReplay):
+                self._replay.flush()
+
+    @property
+    def replay(self) -> PrioritizedReplay | RelaxedReplay:
+        """The core engine that holds the transitions and their priorities (relaxed with ``staleness >= 1``).
 
         Calls on it do not take this buffer's lock: use it from one thread.
         """
@@ -591,9 +620,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             return self._replay
 
     def priorities(self) -> np.ndarray:
-        """Current sampling priorities ``p^alpha``, shape ``(buffer_size, n_envs)``."""
+        """Current sampling priorities ``p^alpha``, shape ``(buffer_size, n_envs)`` (queued updates applied first)."""
         with self._lock:
-            self._commit()
+            self.flush()
             return self._replay.priorities.leaves().reshape(self.buffer_size, self.n_envs)
 
     # -- SB3's array attributes, as views into the core storage ----------------------

@@ -20,6 +20,7 @@ from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule, get
 from hetero_replay.adapters.sb3.buffers import DictPrioritizedReplayBuffer, PrioritizedReplayBuffer
 from hetero_replay.mapping import Mapping, one_policy_mapping
 from hetero_replay.options import check_beta
+from hetero_replay.pipeline import check_staleness
 from hetero_replay.torch_batches import same_device
 
 #: ``progress_remaining`` (1 at the start of training, 0 at the end) -> beta.
@@ -53,8 +54,14 @@ class PERMixin(_OffPolicyBase):
       ``_current_progress_remaining`` at each ``train()``. The default goes
       linearly from the buffer's initial ``beta`` to 1 over ``total_timesteps``.
     * ``train()`` logs ``train/per_beta``, ``train/per_mean_weight`` (mean IS
-      weight of the sampled batches) and ``train/per_max_priority`` (largest
-      ``|TD error| + eps`` so far).
+      weight of the sampled batches), ``train/per_max_priority`` (largest
+      ``|TD error| + eps`` so far), ``train/per_staleness`` and
+      ``train/per_dropped_updates`` (late updates skipped because their slot
+      was rewritten first, so far).
+    * ``staleness=k`` relaxes the dependency between a step's priority update
+      and the next sample (:class:`hetero_replay.pipeline.RelaxedReplay`): a
+      worker thread draws the next batches and writes priorities while the
+      network trains, on a fixed schedule, so seeded runs still repeat exactly.
     * ``mapping`` places the primitives: the model's device is
       ``mapping.learner_device`` and the buffer is built from the mapping (see
       :class:`~hetero_replay.adapters.sb3.PrioritizedReplayBuffer`). SB3 acts
@@ -68,13 +75,19 @@ class PERMixin(_OffPolicyBase):
         mapping: a :class:`hetero_replay.mapping.Mapping`, or ``None`` for the
             buffer's defaults (C++ tree, NumPy storage) on SB3's ``device``.
             ``replay_buffer_kwargs=dict(mapping=...)`` means the same.
+        staleness: learner steps a priority update may lag behind sampling,
+            an integer in ``[0, 1024]``; ``0`` (the default) is exact PER.
+            ``replay_buffer_kwargs=dict(staleness=...)`` means the same; the
+            worker prepares ``replay_buffer_kwargs["prefetch"]`` batches ahead
+            (default 1).
         **kwargs: the arguments of the SB3 algorithm. With a mapping,
             ``device`` may be left out (or name the mapping's learner device).
 
     Raises:
         TypeError: ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`.
         ValueError: the mapping's inference and train devices differ, or
-            ``device`` or ``replay_buffer_kwargs`` contradict the mapping.
+            ``device`` or ``replay_buffer_kwargs`` contradict the mapping;
+            ``staleness`` out of range or contradicted by ``replay_buffer_kwargs``.
         hetero_replay.mapping.DeviceUnavailableError: the mapping names a device
             this machine lacks (also for a mapping built with ``check=False``).
     """
@@ -88,6 +101,7 @@ class PERMixin(_OffPolicyBase):
         *args: Any,
         beta_schedule: BetaSchedule | float | None = None,
         mapping: Mapping | None = None,
+        staleness: int = 0,
         **kwargs: Any,
     ) -> None:
         constant = isinstance(beta_schedule, numbers.Real) and not isinstance(beta_schedule, bool)
@@ -107,6 +121,16 @@ class PERMixin(_OffPolicyBase):
                 )
             mapping = in_buffer_kwargs
             kwargs["replay_buffer_kwargs"] = buffer_kwargs
+        staleness = check_staleness(staleness)
+        in_buffer_kwargs = buffer_kwargs.get("staleness")
+        if in_buffer_kwargs is not None:
+            in_buffer_kwargs = check_staleness(in_buffer_kwargs, "replay_buffer_kwargs['staleness']")
+            if staleness and in_buffer_kwargs != staleness:
+                raise ValueError(
+                    f"staleness={staleness} and replay_buffer_kwargs['staleness']={in_buffer_kwargs} differ; pass one"
+                )
+            staleness = in_buffer_kwargs
+        self.staleness = staleness
         self.beta_schedule = beta_schedule
         self.mapping = mapping
         # The device asked for, to check against the mapping (load() passes its own here).
@@ -122,6 +146,8 @@ class PERMixin(_OffPolicyBase):
             dict_obs = isinstance(self.observation_space, spaces.Dict)
             self.replay_buffer_class = DictPrioritizedReplayBuffer if dict_obs else PrioritizedReplayBuffer
         _require_priorities(self.replay_buffer_class, type(self).__name__)
+        if self.staleness:
+            self.replay_buffer_kwargs = {**self.replay_buffer_kwargs, "staleness": self.staleness}
         if getattr(self, "n_steps", 1) > 1:
             raise ValueError(
                 f"{type(self).__name__} does not support n-step returns (n_steps={self.n_steps}): "
@@ -153,7 +179,8 @@ class PERMixin(_OffPolicyBase):
     def load_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase, truncate_last_traj: bool = True) -> None:
         """SB3's ``load_replay_buffer``; the loaded buffer keeps the placement it was saved with.
 
-        Refused, with the current buffer kept: a buffer without priorities
+        The model's ``staleness`` becomes the loaded buffer's (its schedule is what
+        runs from now on). Refused, with the current buffer kept: a buffer without priorities
         (``TypeError``), one for other spaces or another number of environments
         than the model's, and one whose core engine delivers batches to another
         device than the model's (``ValueError``).
@@ -173,6 +200,7 @@ class PERMixin(_OffPolicyBase):
         except BaseException:
             self.replay_buffer = previous
             raise
+        self.staleness = getattr(self.replay_buffer, "staleness", 0)  # the buffer's schedule is what runs
 
     def _update_beta(self) -> float:
         """Set the buffer's beta from the schedule; returns it."""
@@ -192,6 +220,8 @@ class PERMixin(_OffPolicyBase):
         self.logger.record("train/per_beta", beta)
         self.logger.record("train/per_mean_weight", float(np.mean(mean_weights)))
         self.logger.record("train/per_max_priority", self.replay_buffer.max_priority)
+        self.logger.record("train/per_staleness", self.staleness)
+        self.logger.record("train/per_dropped_updates", getattr(self.replay_buffer, "dropped_updates", 0))
 
 
 def _is_beta(value: Any) -> bool:

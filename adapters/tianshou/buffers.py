@@ -409,6 +409,42 @@ class _TreePriorities:
             self._check_stored(idx)
             self.priorities.update(idx, td)
 
+    # -- late updates (PEROffPolicyWrapper with staleness >= 1) ---------------------------
+
+    def track_writes(self) -> int:
+        """Record from now on which slots each add rewrites; returns the current :attr:`write_epoch`."""
+        with self._lock:
+            self.priorities.track_writes()
+            return self.priorities.write_epoch
+
+    @property
+    def write_epoch(self) -> int:
+        """Writes so far since :meth:`track_writes`: a batch sampled now carries this epoch."""
+        return self.priorities.write_epoch
+
+    def update_weight_since(self, index: np.ndarray, new_weight: np.ndarray | torch.Tensor, epoch: int) -> int:
+        """:meth:`update_weight` for a batch sampled at write ``epoch``; entries whose slot was
+        rewritten since are skipped. Returns how many were skipped. Errors as :meth:`update_weight`,
+        except that a position in an error message counts the entries not skipped."""
+        idx = _as_indices(index)
+        with self._lock:
+            stale = self.priorities.overwritten_since(idx, epoch)
+            if stale is None:
+                self.update_weight(idx, new_weight)
+                return 0
+            if idx.ndim != 1:
+                raise TypeError(f"index must be a 1-D integer array, got shape {idx.shape}")
+            n_td = new_weight.numel() if isinstance(new_weight, torch.Tensor) else np.size(new_weight)
+            if n_td != idx.size:
+                raise ValueError(f"{idx.size} indices but {n_td} TD errors (new_weight)")
+            keep = ~stale
+            if isinstance(new_weight, torch.Tensor):
+                td: np.ndarray | torch.Tensor = new_weight.reshape(-1)[torch.from_numpy(keep).to(new_weight.device)]
+            else:
+                td = np.asarray(new_weight).reshape(-1)[keep]
+            self.update_weight(idx[keep], td)
+            return int(stale.sum())
+
     def __getitem__(self, index: IndexType) -> PrioBatchProtocol:
         """``self[index]`` with ``weight`` = IS weights under the current beta (see ``weight_norm``).
 

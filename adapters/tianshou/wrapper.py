@@ -57,11 +57,12 @@ from tianshou.algorithm.algorithm_base import (
 from tianshou.data import PrioritizedReplayBuffer, PrioritizedReplayBufferManager, ReplayBuffer
 from tianshou.data.types import RolloutBatchProtocol
 
-from hetero_replay.adapters.tianshou.buffers import HeteroPrioritizedVectorReplayBuffer
+from hetero_replay.adapters.tianshou.buffers import HeteroPrioritizedReplayBuffer, HeteroPrioritizedVectorReplayBuffer
 from hetero_replay.adapters.tianshou.schedules import BetaSchedule, checked_beta
 from hetero_replay.adapters.tianshou.weighted_updates import check_supported, weighted_update
 from hetero_replay.mapping import Mapping as DeviceMapping
 from hetero_replay.mapping import one_policy_mapping
+from hetero_replay.pipeline import DeferredUpdates, PendingUpdate, check_staleness
 
 
 class PERTrainingStats(TrainingStatsWrapper):
@@ -77,6 +78,9 @@ class PERTrainingStats(TrainingStatsWrapper):
         is_weight_mean: mean IS weight of the batch (1 = no correction).
         td_error_abs_mean: mean ``|TD error|`` of the batch, i.e. of the new
             priorities before ``+ eps`` and ``** alpha``.
+        staleness, dropped_updates: with ``staleness >= 1`` only: the
+            wrapper's staleness and the late updates skipped so far because
+            their slot was rewritten first.
     """
 
     def __init__(
@@ -86,10 +90,15 @@ class PERTrainingStats(TrainingStatsWrapper):
         beta: float,
         is_weight_mean: float,
         td_error_abs_mean: float,
+        staleness: int = 0,
+        dropped_updates: int = 0,
     ) -> None:
         self.beta = beta
         self.is_weight_mean = is_weight_mean
         self.td_error_abs_mean = td_error_abs_mean
+        if staleness:  # each logged field costs the trainer time: only where it says something
+            self.staleness = staleness
+            self.dropped_updates = dropped_updates
         super().__init__(wrapped_stats)  # last, as TrainingStatsWrapper requires
 
 
@@ -103,6 +112,7 @@ class _BatchRecord:
     beta: float = math.nan
     is_weight_mean: float = math.nan
     weight_object: Any = None
+    write_epoch: int = 0  # of the buffer when the batch was sampled (staleness >= 1)
 
 
 class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
@@ -128,14 +138,26 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
             and trains with one policy, so ``inference`` and ``train`` must
             agree). Give the buffer the same mapping for the tree's placement.
             ``None`` leaves the algorithm where it is.
+        staleness: ``k``, learner updates a priority update may lag: the batch
+            of update ``t`` is sampled after exactly the priority updates of
+            updates ``<= t - k - 1`` were applied (the schedule of
+            :class:`hetero_replay.pipeline.RelaxedReplay`), and updates whose
+            slot was rewritten since their batch was sampled are skipped. ``0``
+            (the default) is exact PER. Needs one of our buffers (they know which
+            slots were rewritten). Tianshou's batches are Python objects built
+            under the GIL, so the schedule runs on the learner's thread: this
+            reproduces the relaxed pipeline's effect on learning, not its
+            speed. :meth:`flush_priorities` applies the updates still held back.
 
     Raises:
         TypeError: ``wrapped_algorithm`` is not an off-policy algorithm whose use of
             the IS weights is known, ``beta`` (or the schedule's first value) is
-            neither a real number nor callable (a bool is not a number), or
-            ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`.
+            neither a real number nor callable (a bool is not a number),
+            ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`, or
+            ``staleness`` is not an integer.
         ValueError: ``beta`` (or the schedule's first value) is outside [0, 1],
-            or the mapping's inference and train devices differ.
+            the mapping's inference and train devices differ, or ``staleness``
+            is outside ``[0, 1024]``.
         hetero_replay.mapping.DeviceUnavailableError: the mapping names a device
             this machine lacks.
     """
@@ -146,6 +168,7 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         wrapped_algorithm: OffPolicyAlgorithm[TPolicy],
         beta: float | BetaSchedule,
         mapping: DeviceMapping | None = None,
+        staleness: int = 0,
     ) -> None:
         if not isinstance(wrapped_algorithm, OffPolicyAlgorithm):
             raise TypeError(
@@ -157,7 +180,12 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         checked_beta(beta(0) if callable(beta) else beta, "beta")
         if mapping is not None:
             mapping = one_policy_mapping(mapping, "Tianshou")
+        staleness = check_staleness(staleness)
         super().__init__(wrapped_algorithm=wrapped_algorithm)
+        self.staleness = staleness
+        self._deferred = DeferredUpdates()  # priority updates held back (staleness >= 1)
+        self._steps = 0  # updates sampled in this process: the schedule's step numbers
+        self.dropped_updates = 0
         self.beta_schedule = beta
         self.num_updates = 0
         # Share, not copy: Algorithm._update steps *this* object's schedulers, and
@@ -189,9 +217,38 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
             )
         self._batch.beta = self.current_beta
         _set_beta(buffer, self._batch.beta)
+        if self.staleness:
+            self._apply_due(_tracking(buffer), self._steps - self.staleness - 1)
+            self._batch.write_epoch = buffer.write_epoch
         stats = super().update(buffer=buffer, sample_size=sample_size)
         self.num_updates += 1
+        self._steps += 1
         return stats
+
+    def flush_priorities(self, buffer: ReplayBuffer) -> None:
+        """Apply every priority update still held back (``staleness >= 1``) to ``buffer``."""
+        if self._deferred:
+            self._apply_due(_tracking(buffer), self._steps)
+
+    def _apply_due(
+        self, buffer: HeteroPrioritizedVectorReplayBuffer | HeteroPrioritizedReplayBuffer, through: int
+    ) -> None:
+        """Apply the held-back updates of steps ``<= through``, in order, skipping rewritten slots."""
+        while (update := self._deferred.next_due(through)) is not None:
+            try:
+                self.dropped_updates += buffer.update_weight_since(update.indices, update.td_errors, update.epoch)
+            except (TypeError, ValueError, IndexError) as e:
+                raise type(e)(
+                    f"priority update of learner update {update.step} (staleness {self.staleness}): {e}"
+                ) from e
+
+    def _postprocess_batch(self, batch: RolloutBatchProtocol, buffer: ReplayBuffer, indices: np.ndarray) -> None:
+        if not self.staleness:
+            super()._postprocess_batch(batch, buffer, indices)
+            return
+        td = batch.weight
+        td = td.detach().clone() if isinstance(td, torch.Tensor) else np.array(td, copy=True)
+        self._deferred.put(PendingUpdate(self._steps, np.array(indices, copy=True), td, self._batch.write_epoch))
 
     def _preprocess_batch(
         self, batch: RolloutBatchProtocol, buffer: ReplayBuffer, indices: np.ndarray
@@ -224,6 +281,8 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
             beta=self._batch.beta,
             is_weight_mean=self._batch.is_weight_mean,
             td_error_abs_mean=float(td.detach().abs().mean()),
+            staleness=self.staleness,
+            dropped_updates=self.dropped_updates,
         )
 
     def train(self, mode: bool = True) -> PEROffPolicyWrapper:
@@ -277,6 +336,17 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
 def _modes(module: torch.nn.Module) -> tuple[tuple[torch.nn.Module, bool], ...]:
     """Every submodule of ``module`` with its training flag (tuples compare modules by identity)."""
     return tuple((m, m.training) for m in module.modules())
+
+
+def _tracking(buffer: ReplayBuffer) -> HeteroPrioritizedReplayBuffer | HeteroPrioritizedVectorReplayBuffer:
+    """``buffer``, recording which slots each add rewrites; ``TypeError`` unless it is one of ours."""
+    if not isinstance(buffer, (HeteroPrioritizedReplayBuffer, HeteroPrioritizedVectorReplayBuffer)):
+        raise TypeError(
+            f"staleness >= 1 needs a HeteroPrioritizedReplayBuffer or HeteroPrioritizedVectorReplayBuffer "
+            f"(they know which slots were rewritten since a batch was sampled), got {type(buffer).__name__}"
+        )
+    buffer.track_writes()
+    return buffer
 
 
 def _set_beta(buffer: PrioritizedReplayBuffer, beta: float) -> None:

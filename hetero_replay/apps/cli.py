@@ -51,6 +51,12 @@ def _compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-episodes", type=int, default=5, help="episodes per evaluation")
     p.add_argument("--variants", default=None, help="comma-separated subset of the runner's variants")
     p.add_argument("--threads", type=int, default=1, help="torch and replay threads per run")
+    p.add_argument(
+        "--staleness",
+        default=None,
+        help="comma-separated stalenesses of the relaxed pipeline (e.g. 0,1,2,4): the PER variant runs once per "
+        "value; adds an interquartile-mean summary with bootstrap CIs and a return-vs-staleness plot (extra: study)",
+    )
     p.add_argument("--out", default=None, help="output folder (default: out/compare/<lib>-<algo>-<env>)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -66,6 +72,7 @@ def compare(args: argparse.Namespace) -> int:
             variants=None if args.variants is None else [v.strip() for v in args.variants.split(",") if v.strip()],
             n_envs=args.n_envs, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
             torch_threads=args.threads,
+            staleness=None if args.staleness is None else _integers(args.staleness, "--staleness"),
         )  # fmt: skip
     except (ValueError, ImportError) as e:
         print(f"hetero-replay compare: {e}", file=sys.stderr)
@@ -74,8 +81,23 @@ def compare(args: argparse.Namespace) -> int:
     summary = report.summarize(results)
     print(report.format_table(results, summary))
     out = args.out or driver.default_out_dir(args.lib, args.algo, args.env)
-    print("\nwrote " + ", ".join(report.write_all(results, summary, out)))
+    written = report.write_all(results, summary, out)
+    if args.staleness is not None:
+        from hetero_replay.apps.compare import staleness_study
+
+        study = staleness_study.summarize(results)
+        print("\n" + staleness_study.format_table(study))
+        written += staleness_study.write(study, results, out)
+    print("\nwrote " + ", ".join(written))
     return 0
+
+
+def _integers(text: str, option: str) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]``; ``ValueError`` naming ``option`` otherwise."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{option} takes comma-separated integers, e.g. 0,1,2,4; got {text!r}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

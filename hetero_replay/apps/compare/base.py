@@ -28,6 +28,12 @@ class RunSpec:
     eval_episodes: int = 5
     n_envs: int = 1
     torch_threads: int = 1
+    staleness: int | None = None  # a relaxed-pipeline staleness (a sweep); None: the variant's default (exact PER)
+
+    @property
+    def label(self) -> str:
+        """The variant, and its staleness when the comparison sweeps it (``"per k=2"``)."""
+        return self.variant if self.staleness is None else f"{self.variant} k={self.staleness}"
 
 
 @dataclass
@@ -59,14 +65,17 @@ class LibraryRunner:
     variants: tuple[str, ...]  # in report order; the first is the baseline
     algos: tuple[str, ...]
     run: Runner
+    relaxable: tuple[str, ...] = ()  # the variants that take a staleness (their PER buffers)
 
 
 _RUNNERS: dict[str, LibraryRunner] = {}
 
 
-def register_runner(lib: str, variants: Sequence[str], algos: Sequence[str], run: Runner) -> None:
-    """Make ``lib`` available to ``hetero-replay compare --lib <lib>``."""
-    _RUNNERS[lib] = LibraryRunner(lib, tuple(variants), tuple(algos), run)
+def register_runner(
+    lib: str, variants: Sequence[str], algos: Sequence[str], run: Runner, relaxable: Sequence[str] = ()
+) -> None:
+    """Make ``lib`` available to ``hetero-replay compare --lib <lib>``; ``relaxable`` variants take ``--staleness``."""
+    _RUNNERS[lib] = LibraryRunner(lib, tuple(variants), tuple(algos), run, tuple(relaxable))
 
 
 def runner_for(lib: str) -> LibraryRunner:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from hetero_replay.apps.compare.base import RunResult, RunSpec, runner_for
+from hetero_replay.pipeline import check_staleness
 
 
 def build_specs(
@@ -26,6 +27,7 @@ def build_specs(
     eval_every: int | None = None,
     eval_episodes: int = 5,
     torch_threads: int = 1,
+    staleness: Sequence[int] | None = None,
 ) -> list[RunSpec]:
     """The runs of a comparison, in the order they should run.
 
@@ -44,9 +46,12 @@ def build_specs(
         eval_every: environment steps between evaluations (default: ``steps // 10``).
         eval_episodes: episodes per evaluation.
         torch_threads: torch (and replay) threads per run.
+        staleness: sweep the relaxed pipeline's staleness: each variant that
+            takes one (``runner.relaxable``) runs once per value; the others once.
 
     Raises:
-        ValueError: an unknown library, algorithm or variant, or a non-positive count.
+        ValueError: an unknown library, algorithm or variant, a non-positive
+            count, a staleness out of range, or a sweep with no variant that takes it.
     """
     runner = runner_for(lib)
     if algo not in runner.algos:
@@ -64,11 +69,21 @@ def build_specs(
     if not seeds:
         raise ValueError("at least one seed is needed")
     _check_env_id(env_id)
+    arms: list[tuple[str, int | None]] = [(v, None) for v in chosen]
+    if staleness is not None:
+        ks = [check_staleness(k) for k in dict.fromkeys(staleness)]
+        if not ks or not any(v in runner.relaxable for v in chosen):
+            raise ValueError(
+                f"--staleness needs values and one of {lib}'s variants {runner.relaxable}; got {list(chosen)}"
+            )
+        arms = [(v, k) for v in chosen for k in (ks if v in runner.relaxable else [None])]
     specs = []
     for i, seed in enumerate(seeds):
-        for variant in chosen if i % 2 == 0 else chosen[::-1]:
+        for variant, k in arms if i % 2 == 0 else arms[::-1]:
             specs.append(
-                RunSpec(lib, algo, env_id, variant, int(seed), steps, eval_every, eval_episodes, n_envs, torch_threads)
+                RunSpec(
+                    lib, algo, env_id, variant, int(seed), steps, eval_every, eval_episodes, n_envs, torch_threads, k
+                )
             )
     return specs
 
@@ -100,7 +115,7 @@ def run_specs(specs: Sequence[RunSpec], progress_bar: bool = True, warmup: bool 
             steps = min(first.steps, max(500, first.steps // 20))
             runner_for(first.lib).run(replace(first, steps=steps, eval_every=steps, eval_episodes=1), lambda n: None)
         for spec in specs:
-            bar.set_description(f"{spec.lib} {spec.algo} {spec.variant} seed {spec.seed}")
+            bar.set_description(f"{spec.lib} {spec.algo} {spec.label} seed {spec.seed}")
             results.append(runner_for(spec.lib).run(spec, bar.update))
     return results
 

@@ -77,12 +77,12 @@ def summarize(results: Sequence[RunResult]) -> list[VariantSummary]:
     the first variant (``build_specs`` puts the runner's baseline first for seed 0)."""
     if not results:
         raise ValueError("no results to summarise")
-    variants = list(dict.fromkeys(r.spec.variant for r in results))
-    by_key = {(r.spec.variant, r.spec.seed): r for r in results}
+    variants = list(dict.fromkeys(r.spec.label for r in results))
+    by_key = {(r.spec.label, r.spec.seed): r for r in results}
     baseline = variants[0]
     rows = []
     for variant in variants:
-        runs = [r for r in results if r.spec.variant == variant]
+        runs = [r for r in results if r.spec.label == variant]
         paired = [(r, by_key[(baseline, r.spec.seed)]) for r in runs if (baseline, r.spec.seed) in by_key]
         rows.append(
             VariantSummary(
@@ -146,7 +146,7 @@ def write_csv(results: Sequence[RunResult], out_dir: str) -> tuple[str, str]:
                     "env_steps_per_s", "final_return", "auc"])  # fmt: skip
         for r in results:
             s = r.spec
-            w.writerow([s.lib, s.algo, s.env_id, s.variant, s.seed, s.steps, s.n_envs, f"{r.wall_s:.3f}",
+            w.writerow([s.lib, s.algo, s.env_id, s.label, s.seed, s.steps, s.n_envs, f"{r.wall_s:.3f}",
                         f"{r.train_s:.3f}", f"{r.env_steps_per_s:.1f}",
                         r.eval_returns[-1] if r.eval_returns else "", auc(r.eval_steps, r.eval_returns)])  # fmt: skip
     with open(curves_path, "w", newline="") as f:
@@ -154,7 +154,7 @@ def write_csv(results: Sequence[RunResult], out_dir: str) -> tuple[str, str]:
         w.writerow(["variant", "seed", "env_steps", "mean_return"])
         for r in results:
             for step, ret in zip(r.eval_steps, r.eval_returns, strict=True):
-                w.writerow([r.spec.variant, r.spec.seed, step, ret])
+                w.writerow([r.spec.label, r.spec.seed, step, ret])
     return runs_path, curves_path
 
 
@@ -178,7 +178,7 @@ def write_png(results: Sequence[RunResult], summary: Sequence[VariantSummary], o
     spec = results[0].spec
     fig, (curves, bars) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
     for s in summary:
-        runs = [r for r in results if r.spec.variant == s.variant]
+        runs = [r for r in results if r.spec.label == s.variant]
         steps = np.asarray(runs[0].eval_steps)
         # seeds share the evaluation schedule; keep the common prefix if one stopped early
         n = min(len(r.eval_returns) for r in runs)

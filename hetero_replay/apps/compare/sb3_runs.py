@@ -5,7 +5,7 @@ Variants:
 * ``uniform`` — the stock SB3 algorithm (DQN, DDPG, TD3, SAC) with its own ``ReplayBuffer``;
 * ``per`` — its PER subclass from :mod:`hetero_replay.adapters.sb3` (``PERDQN``, ...)
   with the default :class:`~hetero_replay.adapters.sb3.PrioritizedReplayBuffer`
-  (alpha 0.6, beta annealed from 0.4 to 1).
+  (alpha 0.6, beta annealed from 0.4 to 1); with ``--staleness`` once per staleness.
 
 Both get the same hyperparameters: the rl-zoo settings for the pairs in
 :data:`HYPERPARAMS`, SB3's defaults otherwise. Evaluations run the greedy
@@ -81,6 +81,8 @@ def _make_model(spec: RunSpec) -> Any:
         dim = int(np.prod(env.action_space.shape or ()))
         params["action_noise"] = NormalActionNoise(np.zeros(dim), noise_std * np.ones(dim))
     policy = "MultiInputPolicy" if hasattr(env.observation_space, "spaces") else "MlpPolicy"
+    if spec.staleness is not None:
+        params["staleness"] = spec.staleness  # only "per" is relaxable
     return algorithm_class(spec.algo, spec.variant)(policy, env, seed=spec.seed, **params)
 
 
@@ -166,4 +168,4 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
     )
 
 
-register_runner("sb3", VARIANTS, ALGOS, run)
+register_runner("sb3", VARIANTS, ALGOS, run, relaxable=("per",))

@@ -177,7 +177,9 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
     num_updates = round(num_epochs * epoch_steps * hp.updates_per_step)
     if spec.variant == "hetero-per":
         algorithm = PEROffPolicyWrapper(
-            wrapped_algorithm=algorithm, beta=LinearBetaSchedule(BETA_START, BETA_END, max(1, num_updates))
+            wrapped_algorithm=algorithm,
+            beta=LinearBetaSchedule(BETA_START, BETA_END, max(1, num_updates)),
+            staleness=spec.staleness or 0,
         )
     policy = algorithm.policy
     total_steps = num_epochs * epoch_steps
@@ -253,4 +255,4 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
     )
 
 
-register_runner("tianshou", VARIANTS, ALGOS, run)
+register_runner("tianshou", VARIANTS, ALGOS, run, relaxable=("hetero-per",))

@@ -1,0 +1,726 @@
+"""RelaxedReplay: the next batches are drawn, and priority updates applied, behind the learner.
+
+Strict PER runs a learner step as ``sample -> train -> update_priorities``, in
+series. Relaxing the dependency between the update of step ``t`` and the
+sample of step ``t + 1`` (Zhang, Meng, Prasanna, TPDS 2023) lets a worker
+thread draw, gather and move the next batches, and write priorities, while the
+learner trains: the step then costs ``max(T_replay, T_train)`` instead of
+their sum.
+
+**The schedule (staleness k).** Learner step ``t`` is the ``t``-th call of
+:meth:`RelaxedReplay.sample`; an update belongs to the step of the latest
+sample before it. The batch of step ``t`` is drawn after exactly the updates
+of steps ``<= t - k - 1`` have been applied, and before any later one. This is
+a fixed order, not a race, so a seed fixes every batch whatever the thread
+timing, and ``k = 0`` is strict PER (the wrapped buffer is called directly).
+With ``k >= 1`` the worker can draw the batches of steps ``t + 1 .. t + d``
+(``d = min(prefetch, k)``) while step ``t`` trains, since the updates they
+need are already queued.
+
+**Adds and other writes** stay synchronous and ordered: :meth:`~RelaxedReplay.add`
+first puts the buffer in the state the schedule defines for the next step
+(batches drawn ahead are discarded and the generator rewound; updates applied
+for them are undone exactly, since a sum tree depends only on its leaves),
+then writes. So a batch never misses rows added before its ``sample`` call.
+
+**Late updates to rewritten slots are dropped.** Every slot carries the write
+epoch of its last write and every batch the epoch it was drawn at; an update
+whose slot was written after its batch was drawn would land on another
+transition, so it is skipped and counted (:attr:`~RelaxedReplay.dropped_updates`),
+as Reverb's keys and cpprb's "unchanged since sample" flags do.
+
+**IS weights** of a relaxed batch are ``(p_min / p_i) ** beta`` of the
+priorities it was drawn with, ``beta`` being the one of the ``sample`` call.
+
+**Errors** of a queued update (a NaN TD error, an index out of range) are
+raised, naming the step, by the first ``sample`` whose batch the schedule
+draws after that update (or by a write or :meth:`~RelaxedReplay.flush` that
+applies it), whichever thread applied it; the bad update changes nothing and
+is skipped, and the next call goes on. **Threads**: the work runs on a worker thread where
+that pays (``worker="auto"``: once the replay work is a quarter of the
+learner's step; below, the GIL hand-overs between two Python threads cost more
+than the overlap gains, so the same schedule runs on the learner's thread).
+One worker per buffer, started when first needed, stopped by :meth:`~RelaxedReplay.close`, by the context
+manager, when the buffer is garbage collected, and at interpreter exit. After
+``fork`` the child's buffer is consistent and starts its own worker.
+**Devices**: with a CUDA learner the worker works on a side CUDA stream and
+the learner's stream waits for a batch's copy before using it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hetero_replay.forksafe import PIPELINE, ForkSafeLock
+from hetero_replay.options import check_batch_size, check_beta
+from hetero_replay.priorities import PrioritySnapshot
+from hetero_replay.replay import PrioritizedReplay, Sample
+from hetero_replay.storage import Schema
+
+#: Largest staleness accepted: a bound far past any useful value that keeps queues small.
+MAX_STALENESS = 1024
+
+#: Where a relaxed buffer's work runs (see :class:`RelaxedReplay`'s ``worker``).
+WORKER_MODES = ("auto", "thread", "inline")
+#: ``worker="auto"`` moves the work to a thread once it is this share of the learner's step;
+#: below it, the GIL hand-overs a thread costs (measured: ~0.2 ms a step on a 2-vCPU VM) outweigh the overlap.
+AUTO_WORKER_SHARE = 0.25
+#: Learner steps over which ``worker="auto"`` measures (medians, so rollout gaps do not count).
+AUTO_WINDOW = 32
+
+
+def check_staleness(value: Any, name: str = "staleness") -> int:
+    """``value`` as a staleness: an integer in ``[0, 1024]``; ``TypeError``/``ValueError`` naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer >= 0, got {type(value).__name__} {value!r}")
+    if not 0 <= value <= MAX_STALENESS:
+        raise ValueError(f"{name} must be in [0, {MAX_STALENESS}], got {value}")
+    return int(value)
+
+
+@dataclass
+class PendingUpdate:
+    """A priority update waiting for its turn: learner ``step``, its batch's write ``epoch``."""
+
+    step: int
+    indices: Any
+    td_errors: Any
+    epoch: int
+    ready_event: Any = None  # a CUDA event the TD errors' producer recorded
+
+
+class DeferredUpdates:
+    """Priority updates held back by a fixed number of learner steps (the schedule above).
+
+    Shared by :class:`RelaxedReplay` and the Tianshou wrapper, which applies
+    the same schedule on the learner's thread.
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[PendingUpdate] = deque()
+
+    def put(self, update: PendingUpdate) -> None:
+        self._queue.append(update)
+
+    def put_back(self, updates: list[PendingUpdate]) -> None:
+        """Return ``updates`` (in step order) to the front, ahead of those still queued."""
+        self._queue.extendleft(reversed(updates))
+
+    def next_due(self, through_step: int) -> PendingUpdate | None:
+        """Pop the oldest update if it belongs to a step ``<= through_step``."""
+        if self._queue and self._queue[0].step <= through_step:
+            return self._queue.popleft()
+        return None
+
+    def clear(self) -> None:
+        self._queue.clear()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+
+@dataclass
+class _Drawn:
+    """A batch drawn for learner ``step``, with what is needed to undo the draw."""
+
+    step: int
+    batch: Sample  # weights are p_min / p_i (beta 1), raised to the sample's beta when served
+    batch_size: int
+    rng_state: dict[str, Any] | None  # the generator before the draw
+    epoch: int
+    ready_event: Any = None
+    beta: float | None = None  # the beta ``weights`` are raised to, if any
+    weights: Any = None
+
+
+@dataclass
+class _Applied:
+    """An update applied ahead of the next batch to serve, undone if that batch is redrawn."""
+
+    update: PendingUpdate
+    snapshot: PrioritySnapshot | None
+    dropped: int
+
+
+class RelaxedReplay:
+    """A :class:`~hetero_replay.replay.PrioritizedReplay` whose sampling and updates run behind the learner.
+
+    Args:
+        replay: the engine buffer to wrap (any tree backend, storage and
+            device). From now on use it through this object only: adds made
+            directly on it would bypass the schedule.
+        staleness: ``k``, how many learner steps a priority update may lag:
+            the batch of step ``t`` sees the updates of steps ``<= t - k - 1``.
+            ``0`` is strict PER, exactly the wrapped buffer's samples.
+        prefetch: how many batches the worker prepares ahead (at most ``k``
+            can be: the updates later ones need are not given yet).
+        worker: where the schedule's work runs: ``"thread"``, a worker thread;
+            ``"inline"``, the learner's thread (the same batches, no overlap);
+            ``"auto"`` (default), inline until the replay work is at least
+            ``AUTO_WORKER_SHARE`` of the learner's step (measured over
+            ``AUTO_WINDOW`` steps), then the thread. Batches are the same in
+            every mode: only the speed differs.
+
+    The learner's loop is unchanged: ``sample`` -> train -> ``update_priorities``;
+    ``sample`` returns a prepared batch and ``update_priorities`` returns at once.
+
+    Example:
+        >>> with RelaxedReplay(PrioritizedReplay(10_000, schema, seed=0), staleness=1) as buf:  # doctest: +SKIP
+        ...     buf.add(rows)
+        ...     batch = buf.sample(256)
+        ...     buf.update_priorities(batch.indices, td_errors)
+    """
+
+    def __init__(self, replay: PrioritizedReplay, staleness: int = 1, prefetch: int = 1, worker: str = "auto") -> None:
+        if not isinstance(replay, PrioritizedReplay):
+            raise TypeError(f"replay must be a PrioritizedReplay, got {type(replay).__name__}")
+        self.staleness = check_staleness(staleness)
+        prefetch = check_staleness(prefetch, "prefetch")
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        self.prefetch = prefetch
+        self.replay = replay
+        if worker not in WORKER_MODES:
+            raise ValueError(f"worker must be one of {WORKER_MODES}, got {worker!r}")
+        self.worker = worker
+        self._core = (
+            _Pipeline(replay, self.staleness, min(prefetch, self.staleness), worker) if self.staleness else None
+        )
+        if self._core is not None:
+            # The worker holds the core, never this object: collecting this object stops it.
+            weakref.finalize(self, self._core.stop)
+
+    # -- the learner's operations -------------------------------------------------------
+
+    def sample(self, batch_size: int, beta: float | None = None) -> Sample:
+        """The batch of the next learner step, as :meth:`PrioritizedReplay.sample` gives it.
+
+        Raises what the wrapped buffer raises (nothing changes then), or the
+        error of a queued update this batch needed (naming its step; the
+        update is skipped, and the next call draws the batch).
+        """
+        if self._core is None:
+            return self.replay.sample(batch_size, beta)
+        n = check_batch_size(batch_size)
+        b = self.replay.beta if beta is None else check_beta(beta)
+        return self._core.sample(n, b)
+
+    def update_priorities(self, indices: Any, td_errors: Any) -> None:
+        """Queue new priorities ``(|td| + eps) ** alpha`` for the batch of the latest step; returns at once.
+
+        The update is applied when the schedule says (see the module
+        docstring), and skipped for slots written since the batch was drawn.
+        Its errors (as :meth:`PrioritizedReplay.update_priorities`) are raised
+        by the first :meth:`sample` that needs it applied, or by :meth:`flush`
+        (lengths that differ: at once). The arrays are copied.
+        """
+        if self._core is None:
+            self.replay.update_priorities(indices, td_errors)
+            return
+        self._core.update(indices, td_errors)
+
+    def add(self, batch: Any) -> np.ndarray:
+        """Append transitions (:meth:`PrioritizedReplay.add`); the next sample sees them."""
+        if self._core is None:
+            return self.replay.add(batch)
+        return self._core.write(self.replay.add, batch)
+
+    def write_rows(self, start: int, fields: Any) -> None:
+        """:meth:`PrioritizedReplay.write_rows`, ordered with samples like :meth:`add`."""
+        if self._core is None:
+            self.replay.write_rows(start, fields)
+        else:
+            self._core.write(self.replay.write_rows, start, fields)
+
+    def clear_priorities(self, indices: Any) -> None:
+        """:meth:`PrioritizedReplay.clear_priorities`, ordered with samples like :meth:`add`."""
+        if self._core is None:
+            self.replay.clear_priorities(indices)
+        else:
+            self._core.write(self.replay.clear_priorities, indices)
+
+    def read_rows(self, name: str, indices: Any) -> Any:
+        """:meth:`PrioritizedReplay.read_rows` (rows change only in the learner's own writes)."""
+        return self.replay.read_rows(name, indices)
+
+    def view(self, name: str) -> Any:
+        """:meth:`PrioritizedReplay.view`: a live view that bypasses locks and schedule."""
+        return self.replay.view(name)
+
+    def flush(self) -> None:
+        """Apply every queued update now (a point of the schedule: batches after it see them all)."""
+        if self._core is not None:
+            self._core.flush()
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def dropped_updates(self) -> int:
+        """Update entries skipped so far because their slot was rewritten after the batch was drawn."""
+        return 0 if self._core is None else self._core.dropped
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The wrapped buffer's generator, rewound to the schedule's state (batches drawn ahead are discarded)."""
+        if self._core is not None:
+            self._core.sync()
+        return self.replay.rng
+
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`PrioritizedReplay.state_dict` after :meth:`flush`."""
+        self.flush()
+        return self.replay.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        """:meth:`PrioritizedReplay.load_state_dict`; queued updates are discarded (every slot is rewritten)."""
+        if self._core is None:
+            self.replay.load_state_dict(state)
+        else:
+            self._core.write(self.replay.load_state_dict, state, discard_updates=True)
+
+    def save(self, path: Any) -> None:
+        """:meth:`PrioritizedReplay.save` after :meth:`flush`."""
+        self.flush()
+        self.replay.save(path)
+
+    @classmethod
+    def load(cls, path: Any, staleness: int = 1, prefetch: int = 1, **kwargs: Any) -> RelaxedReplay:
+        """A relaxed buffer over :meth:`PrioritizedReplay.load` (``kwargs`` go there)."""
+        return cls(PrioritizedReplay.load(path, **kwargs), staleness, prefetch)
+
+    def close(self) -> None:
+        """Stop the worker (queued updates are discarded) and close the wrapped buffer."""
+        if self._core is not None:
+            self._core.stop()
+        self.replay.close()
+
+    def __enter__(self) -> RelaxedReplay:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.flush()
+        return {"replay": self.replay, "staleness": self.staleness, "prefetch": self.prefetch, "worker": self.worker}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["replay"], state["staleness"], state["prefetch"], state.get("worker", "auto"))  # type: ignore[misc]
+
+    # -- the wrapped buffer's settings ----------------------------------------------------
+
+    @property
+    def alpha(self) -> float:
+        return self.replay.alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        self.flush()  # queued updates are shaped by the alpha they were given under
+        self.replay.alpha = value
+
+    @property
+    def eps(self) -> float:
+        return self.replay.eps
+
+    @eps.setter
+    def eps(self, value: float) -> None:
+        self.flush()
+        self.replay.eps = value
+
+    @property
+    def beta(self) -> float:
+        return self.replay.beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self.replay.beta = value  # applied when a batch is served: nothing to flush
+
+    @property
+    def max_priority(self) -> float:
+        return self.replay.max_priority
+
+    @property
+    def capacity(self) -> int:
+        return self.replay.capacity
+
+    @property
+    def schema(self) -> Schema:
+        return self.replay.schema
+
+    @property
+    def device(self) -> Any:
+        return self.replay.device
+
+    @property
+    def options(self) -> Any:
+        return self.replay.options
+
+    @property
+    def priorities(self) -> Any:
+        return self.replay.priorities
+
+    @property
+    def tree(self) -> Any:
+        return self.replay.tree
+
+    @property
+    def position(self) -> int:
+        return self.replay.position
+
+    def __len__(self) -> int:
+        return len(self.replay)
+
+    def __repr__(self) -> str:
+        return f"RelaxedReplay({self.replay!r}, staleness={self.staleness}, prefetch={self.prefetch}, worker={self.worker!r})"
+
+
+class _Pipeline:
+    """The schedule's state and its worker thread (see the module docstring).
+
+    Everything runs under one lock: the worker holds it for one job at a time
+    (apply one update, or draw one batch), the learner for each call. The
+    learner never waits on the worker otherwise: if the batch it asks for is
+    not drawn yet, it draws it itself.
+    """
+
+    _live: weakref.WeakSet[_Pipeline] = weakref.WeakSet()
+
+    def __init__(self, replay: PrioritizedReplay, staleness: int, depth: int, mode: str) -> None:
+        self.replay = replay
+        self.k = staleness
+        self.depth = depth
+        self.mode = mode
+        self.threaded = mode == "thread"
+        self.last_start: float | None = None  # of the previous sample (worker="auto" measures)
+        self.intervals: list[float] = []
+        self.works: list[float] = []
+        self.lock = ForkSafeLock(PIPELINE)
+        self.cond = threading.Condition(self.lock)  # type: ignore[arg-type]
+        self.served = 0  # batches handed to the learner: the step of the next sample
+        self.batch_size: int | None = None  # of the latest sample: what the worker draws
+        self.hold = True  # no drawing ahead until the learner samples again (after a write)
+        self.ready: deque[_Drawn] = deque()
+        self.pending = DeferredUpdates()
+        self.undo: list[_Applied] = []
+        self.last_epoch = replay.track_writes()
+        self.dropped = 0
+        self.errors: list[tuple[int, Exception]] = []  # (step, error) of updates that failed, in step order
+        self.stopping = False
+        self.thread: threading.Thread | None = None
+        self.streams = _Streams.for_device(replay.device)
+        _Pipeline._live.add(self)
+
+    # -- learner side -----------------------------------------------------------------------
+
+    def sample(self, n: int, beta: float) -> Sample:
+        start = time.perf_counter()
+        with self.lock:
+            self._raise_error(self.served - self.k - 1)  # an update this batch needs failed on the worker
+            if self.ready and self.ready[0].batch_size != n:
+                self._rollback()
+            if self.ready:
+                drawn = self.ready.popleft()
+            else:
+                self._catch_up()
+                self._raise_error(self.served - self.k - 1)
+                drawn = _Drawn(self.served, self.replay.sample(n, 1.0), n, None, self.replay.write_epoch)
+            self.served += 1
+            self.last_epoch = drawn.epoch
+            self.batch_size, self.hold = n, False
+            while self.undo and self.undo[0].update.step <= self.served - self.k - 1:
+                self.undo.pop(0)  # needed by the batch of the next step: no longer ahead of the schedule
+            if not self.threaded:
+                self._measure(start)
+            if self.threaded:
+                self._start_worker()
+                self.cond.notify()
+        batch = self.streams.receive(drawn)
+        if beta == drawn.beta:
+            weights = drawn.weights  # the worker raised them to this beta already
+        else:
+            weights = batch.weights if beta == 1.0 else batch.weights**beta
+        return Sample(batch.data, batch.indices, weights)
+
+    def update(self, indices: Any, td_errors: Any) -> None:
+        idx, td = _copy(indices), _copy(td_errors)
+        n_idx, n_td = _length(idx), _length(td)
+        if n_idx is not None and n_td is not None and n_idx != n_td:
+            raise ValueError(f"update_priorities: {n_idx} indices but {n_td} TD errors")
+        event = self.streams.mark(td)
+        with self.lock:
+            # No wake-up: the worker applies it when the next sample lets it draw the batch that needs it,
+            # so the learner's next sample never waits behind an update only a later batch needs.
+            self.pending.put(PendingUpdate(self.served - 1, idx, td, self.last_epoch, event))
+
+    def write(self, fn: Any, *args: Any, discard_updates: bool = False) -> Any:
+        """Run a write of the wrapped buffer at the schedule's point for the next step."""
+        with self.lock:
+            if discard_updates:
+                self._rollback()
+                self.pending.clear()
+                self.errors.clear()
+            else:
+                self._catch_up()
+                self._raise_error(self.served - self.k - 1)
+            self.hold = True
+            result = fn(*args)
+            if discard_updates:
+                # Every slot now holds another transition: an update of a batch drawn before is dropped.
+                self.replay.track_writes()  # (a fresh Priorities)
+                self.last_epoch = -1
+            return result
+
+    def flush(self) -> None:
+        with self.lock:
+            self._catch_up()
+            while (update := self.pending.next_due(self.served)) is not None:
+                self._apply(update, ahead=False)
+            self.hold = True  # nothing is drawn ahead until the next sample (state_dict, save copy after this)
+            self._raise_error(self.served)
+
+    def sync(self) -> None:
+        with self.lock:
+            self._catch_up()
+            self.hold = True
+
+    def _measure(self, start: float) -> None:
+        """``worker="auto"``: time the replay work done on the learner's thread; start the worker once it pays.
+
+        Handing work to another thread costs each step a few GIL hand-overs
+        (tens of microseconds); it pays once the replay work it takes off the
+        learner is a sizeable share of the learner's step.
+        """
+        now = time.perf_counter()
+        if self.last_start is not None:
+            self.intervals.append(start - self.last_start)
+            self.works.append(now - start)
+        self.last_start = start
+        if self.mode == "auto" and len(self.intervals) == AUTO_WINDOW:
+            share = float(np.median(self.works)) / max(float(np.median(self.intervals)), 1e-9)
+            self.threaded = share >= AUTO_WORKER_SHARE
+            self.intervals.clear()
+            self.works.clear()
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self.cond.notify_all()
+            thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    # -- the schedule ------------------------------------------------------------------------
+
+    def _catch_up(self) -> None:
+        """Bring the buffer to the state the schedule defines for the next step's draw."""
+        self._rollback()
+        while (update := self.pending.next_due(self.served - self.k - 1)) is not None:
+            self._apply(update, ahead=False)
+
+    def _rollback(self) -> None:
+        """Discard batches drawn ahead, and undo the updates applied for them (newest first)."""
+        for applied in reversed(self.undo):
+            if applied.snapshot is not None:
+                self.replay.restore_priorities(applied.snapshot)
+            self.dropped -= applied.dropped
+        if self.undo:
+            self.pending.put_back([applied.update for applied in self.undo])
+            self.undo.clear()
+        if self.ready:
+            first = self.ready[0].rng_state
+            if first is not None:
+                self.replay.rng.bit_generator.state = first
+            self.ready.clear()
+
+    def _apply(self, update: PendingUpdate, ahead: bool) -> None:
+        """Apply one update; ``ahead``: it precedes a batch drawn ahead, so keep what undoes it."""
+        try:
+            with self.streams.worker():
+                self.streams.wait(update.ready_event)
+                dropped, snapshot = self.replay.update_priorities_since(
+                    update.indices, update.td_errors, update.epoch, keep_undo=ahead
+                )
+        except Exception as e:  # raised when the schedule needs this update; the engine changed nothing
+            self.errors.append((update.step, e))
+            return
+        self.dropped += dropped
+        if ahead:
+            self.undo.append(_Applied(update, snapshot, dropped))
+
+    def _next_job(self) -> Any:
+        """The worker's next job, in schedule order, or ``None`` when it must wait."""
+        j = self.served + len(self.ready)  # the step of the next batch to draw
+        update = self.pending.next_due(j - self.k - 1)
+        if update is not None:
+            return lambda: self._apply(update, ahead=update.step > self.served - self.k - 1)
+        if self.hold or self.batch_size is None or len(self.ready) >= self.depth or len(self.replay) == 0:
+            return None
+        return lambda: self._draw(j)
+
+    def _draw(self, step: int) -> None:
+        assert self.batch_size is not None
+        state = dict(self.replay.rng.bit_generator.state)
+        epoch = self.replay.write_epoch
+        try:
+            with self.streams.worker():
+                batch = self.replay.sample(self.batch_size, 1.0)
+                beta = self.replay.beta  # most likely the next sample's: raise the weights here, off the learner
+                weights = batch.weights if beta == 1.0 else batch.weights**beta
+                event = self.streams.record()
+        except Exception:  # the engine left the generator as it was; the learner's own draw will raise it
+            self.hold = True
+            return
+        self.ready.append(_Drawn(step, batch, self.batch_size, state, epoch, event, beta, weights))
+
+    def _raise_error(self, through: int) -> None:
+        """Raise the error of a failed update of a step ``<= through``: where the schedule needs it.
+
+        Whether the worker or the learner applied it, the same call raises, so runs do not
+        depend on the timing (the failed update is skipped: the next call goes on).
+        """
+        if not self.errors or self.errors[0][0] > through:
+            return
+        step, e = self.errors.pop(0)
+        message = f"priority update or draw of learner step {step} failed on the pipeline's worker: {e}"
+        if isinstance(e, (ValueError, TypeError, IndexError)):
+            raise type(e)(message) from e
+        raise RuntimeError(message) from e
+
+    # -- the worker thread -------------------------------------------------------------------
+
+    def _start_worker(self) -> None:
+        if self.thread is None and not self.stopping:
+            self.thread = threading.Thread(target=self._run, name="hetero-replay-pipeline", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                job = self._next_job()
+                while not self.stopping and job is None:
+                    self.cond.wait()
+                    job = self._next_job()
+                if self.stopping or job is None:
+                    return
+                job()
+
+    def _after_fork_in_child(self) -> None:
+        # The lock is fresh (ForkSafeLock) and no job was under way (the fork waited for it);
+        # the worker thread does not exist here: the next sample starts one.
+        self.cond = threading.Condition(self.lock)  # type: ignore[arg-type]
+        self.thread = None
+
+
+def _after_fork_in_child() -> None:
+    for pipeline in list(_Pipeline._live):
+        pipeline._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _copy(x: Any) -> Any:
+    """The learner's array, copied (the caller may reuse it); tensors detached."""
+    if hasattr(x, "detach"):
+        return x.detach().clone()
+    return np.array(x, copy=True)
+
+
+def _length(x: Any) -> int | None:
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) == 0:
+        return None
+    return int(np.prod(tuple(shape)))
+
+
+class _Streams:
+    """Where the worker's device work goes: nowhere special on the CPU, a side stream with CUDA."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream
+
+    @classmethod
+    def for_device(cls, device: Any) -> _Streams:
+        if device is None or getattr(device, "type", str(device).split(":")[0]) != "cuda":
+            return cls()
+        import torch
+
+        return cls(torch.cuda.Stream(device=device))
+
+    def worker(self) -> Any:
+        """Context for the worker's jobs: the side stream, if any."""
+        if self.stream is None:
+            return _nothing
+        import torch
+
+        return torch.cuda.stream(self.stream)
+
+    def record(self) -> Any:
+        """An event after the work queued so far on the side stream."""
+        if self.stream is None:
+            return None
+        import torch
+
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
+    def mark(self, x: Any) -> Any:
+        """An event on the learner's stream after ``x`` (a CUDA tensor) is computed."""
+        if self.stream is None or not getattr(x, "is_cuda", False):
+            return None
+        import torch
+
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def wait(self, event: Any) -> None:
+        """Make the worker's stream wait for a learner's event."""
+        if event is not None and self.stream is not None:
+            self.stream.wait_event(event)
+
+    def receive(self, drawn: _Drawn) -> Sample:
+        """The batch, safe to use on the learner's stream."""
+        if drawn.ready_event is None:
+            return drawn.batch
+        import torch
+
+        current = torch.cuda.current_stream()
+        current.wait_event(drawn.ready_event)
+        for t in [*drawn.batch.data.values(), drawn.batch.indices, drawn.batch.weights]:
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                t.record_stream(current)  # the allocator must not reuse it while the learner's stream reads it
+        return drawn.batch
+
+
+class _Nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_nothing = _Nothing()
+
+
+__all__ = [
+    "AUTO_WINDOW",
+    "AUTO_WORKER_SHARE",
+    "MAX_STALENESS",
+    "WORKER_MODES",
+    "DeferredUpdates",
+    "PendingUpdate",
+    "RelaxedReplay",
+    "check_staleness",
+]
