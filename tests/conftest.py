@@ -94,3 +94,14 @@ def toy_plugin() -> Iterator[None]:
     """The toy backend plugin, installed for the whole session (the ``"toy"`` backend of ``CPU_BACKENDS``)."""
     with installed(TOY_PLUGIN, "hetero_replay_toy"):
         yield
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test (SB3 training is faster and steadier so on a shared machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -42,12 +42,7 @@ from hetero_replay.pipeline import RelaxedReplay  # noqa: E402
 PIPELINE_THREAD = "hetero-replay-pipeline"
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 # -- SB3 ---------------------------------------------------------------------------------------

@@ -38,12 +38,7 @@ def small() -> dict:
     return dict(policy_kwargs=dict(net_arch=[32, 32]), seed=0, device="cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def filled(model, steps: int = 120):

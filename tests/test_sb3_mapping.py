@@ -46,12 +46,7 @@ def small(**kwargs) -> dict:
     return dict(policy_kwargs=dict(net_arch=[32, 32]), seed=0, **kwargs)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def assert_one_device_placement(model) -> None:
