@@ -49,6 +49,7 @@ the learner's stream waits for a batch's copy before using it.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -639,7 +640,7 @@ def _length(x: Any) -> int | None:
     shape = getattr(x, "shape", None)
     if shape is None or len(shape) == 0:
         return None
-    return int(np.prod(tuple(shape)))
+    return math.prod(shape)  # not np.prod: ~20x slower on a tuple, and this runs every step
 
 
 class _Streams:
