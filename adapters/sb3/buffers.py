@@ -132,9 +132,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             arguments above, where given, override its fields.
         staleness: how many learner steps a priority update may lag behind
             sampling (:class:`hetero_replay.pipeline.RelaxedReplay`): with
-            ``k >= 1`` a worker thread draws the next batches and applies
-            priority updates while the learner trains, on a fixed schedule
-            (seeded runs repeat exactly). ``0`` (the default) is exact PER.
+            ``k >= 1`` the next batches are drawn and priority updates applied
+            on a fixed schedule (seeded runs repeat exactly), on a worker
+            thread behind training where that pays. ``0`` (the default) is exact PER.
         prefetch: batches the worker prepares ahead (at most ``staleness``).
 
     With device batches (storage on a device, or a learner off the CPU), the

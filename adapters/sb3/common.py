@@ -59,9 +59,10 @@ class PERMixin(_OffPolicyBase):
       ``train/per_dropped_updates`` (late updates skipped because their slot
       was rewritten first, so far).
     * ``staleness=k`` relaxes the dependency between a step's priority update
-      and the next sample (:class:`hetero_replay.pipeline.RelaxedReplay`): a
-      worker thread draws the next batches and writes priorities while the
-      network trains, on a fixed schedule, so seeded runs still repeat exactly.
+      and the next sample (:class:`hetero_replay.pipeline.RelaxedReplay`) on a
+      fixed schedule, so seeded runs still repeat exactly; where the replay work
+      is a large enough share of a step, a worker thread does it while the
+      network trains.
     * ``mapping`` places the primitives: the model's device is
       ``mapping.learner_device`` and the buffer is built from the mapping (see
       :class:`~hetero_replay.adapters.sb3.PrioritizedReplayBuffer`). SB3 acts
