@@ -49,6 +49,7 @@ the learner's stream waits for a batch's copy before using it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -438,7 +439,7 @@ class _Pipeline:
             self.batch_size, self.hold = n, False
             while self.undo and self.undo[0].update.step <= self.served - self.k - 1:
                 self.undo.pop(0)  # needed by the batch of the next step: no longer ahead of the schedule
-            if not self.threaded:
+            if self.mode == "auto" and not self.threaded:
                 self._measure(start)
             if self.threaded:
                 self._start_worker()
@@ -504,7 +505,7 @@ class _Pipeline:
             self.intervals.append(start - self.last_start)
             self.works.append(now - start)
         self.last_start = start
-        if self.mode == "auto" and len(self.intervals) == AUTO_WINDOW:
+        if len(self.intervals) == AUTO_WINDOW:
             share = float(np.median(self.works)) / max(float(np.median(self.intervals)), 1e-9)
             self.threaded = share >= AUTO_WORKER_SHARE
             self.intervals.clear()
@@ -660,7 +661,7 @@ class _Streams:
     def worker(self) -> Any:
         """Context for the worker's jobs: the side stream, if any."""
         if self.stream is None:
-            return _nothing
+            return contextlib.nullcontext()
         import torch
 
         return torch.cuda.stream(self.stream)
@@ -702,17 +703,6 @@ class _Streams:
             if isinstance(t, torch.Tensor) and t.is_cuda:
                 t.record_stream(current)  # the allocator must not reuse it while the learner's stream reads it
         return drawn.batch
-
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_nothing = _Nothing()
 
 
 __all__ = [

@@ -890,3 +890,15 @@ def test_beta_set_after_batches_were_drawn_ahead_applies_to_them(relaxed):
         beta = 0.4 if b is first else 0.9
         np.testing.assert_allclose(b.weights, (p_min / leaves[b.indices].astype(np.float64)) ** beta, rtol=1e-6)
     assert math.isclose(buf.beta, 0.9)
+
+
+@pytest.mark.parametrize("worker", ["inline", "thread"])
+def test_only_auto_mode_keeps_step_timings(worker):
+    """The timings that decide ``worker="auto"`` are not kept by the other modes (they would grow without end)."""
+    buf = RelaxedReplay(make(128), staleness=1, worker=worker)
+    buf.add(rows(100))
+    for _ in range(3 * 32 + 5):
+        b = buf.sample(8)
+        buf.update_priorities(b.indices, td_by_index(b.indices))
+    assert buf._core is not None and buf._core.intervals == [] and buf._core.works == []
+    buf.close()
