@@ -265,6 +265,11 @@ class RelaxedReplay:
     # -- state ----------------------------------------------------------------------------
 
     @property
+    def on_worker_thread(self) -> bool:
+        """Whether the work runs on the worker thread now (``worker="auto"`` decides within its first steps)."""
+        return self._core is not None and self._core.threaded
+
+    @property
     def dropped_updates(self) -> int:
         """Update entries skipped so far because their slot was rewritten after the batch was drawn."""
         return 0 if self._core is None else self._core.dropped

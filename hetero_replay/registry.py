@@ -82,6 +82,8 @@ class _Spec:
     extra: str | None = None
     #: One line for ``hetero-replay info`` and the docs.
     description: str = ""
+    #: Whether it runs on the threads :func:`hetero_replay.set_num_threads` sets (the advisor varies them).
+    threaded: bool = False
 
     @property
     def install_hint(self) -> str:
@@ -187,6 +189,7 @@ def register_backend(
     description: str = "",
     auto_rank: int | None = None,
     emulated_on: tuple[str, ...] | list[str] = (),
+    threaded: bool = False,
     override: bool = False,
 ) -> BackendSpec:
     """Register a sum-tree backend under ``name``.
@@ -207,6 +210,8 @@ def register_backend(
             (built-ins: native 0, numpy 10, cupy 20, torch 30); ``None``: "auto"
             never picks it.
         emulated_on: device types where it runs an emulation, for tests (see :class:`BackendSpec`).
+        threaded: it runs on the threads :func:`hetero_replay.set_num_threads`
+            sets (the advisor then tries each thread count).
         override: replace a backend already registered under ``name``.
 
     Returns:
@@ -224,6 +229,7 @@ def register_backend(
         **_common(name, factory, devices, check, extra, description),
         auto_rank=auto_rank,
         emulated_on=_device_types(emulated_on, "emulated_on", allow_empty=True),
+        threaded=bool(threaded),
     )
     _add(_backends, spec, override)
     return spec
@@ -238,6 +244,7 @@ def register_storage(
     extra: str | None = None,
     description: str = "",
     device_placement: bool = False,
+    threaded: bool = False,
     override: bool = False,
 ) -> StorageSpec:
     """Register a storage under ``name``.
@@ -247,7 +254,7 @@ def register_storage(
             ``Mapping(storage=name)`` takes, unless ``device_placement``.
         factory: ``factory(capacity, schema, placement) -> Storage`` (see :class:`StorageSpec`).
         devices: the device types its rows live on (``("cpu",)`` for host memory).
-        check, extra, description, override: as for :func:`register_backend`.
+        check, extra, description, threaded, override: as for :func:`register_backend`.
         device_placement: chosen by a device name of ``devices`` instead of
             ``name`` (the built-in ``"torch"`` storage takes ``storage="cuda:1"``).
 
@@ -255,7 +262,9 @@ def register_storage(
         The registered :class:`StorageSpec`.
     """
     spec = StorageSpec(
-        **_common(name, factory, devices, check, extra, description), device_placement=bool(device_placement)
+        **_common(name, factory, devices, check, extra, description),
+        device_placement=bool(device_placement),
+        threaded=bool(threaded),
     )
     _add(_storages, spec, override)
     return spec

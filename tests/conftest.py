@@ -105,3 +105,24 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def counting_env():
+    """``make(env_id)``: a gymnasium env that counts the steps and resets done to it (``.calls``)."""
+    gym = pytest.importorskip("gymnasium")
+
+    class Counting(gym.Wrapper):
+        def __init__(self, env) -> None:
+            super().__init__(env)
+            self.calls = 0
+
+        def step(self, action):
+            self.calls += 1
+            return super().step(action)
+
+        def reset(self, **kwargs):
+            self.calls += 1
+            return super().reset(**kwargs)
+
+    return lambda env_id: Counting(gym.make(env_id))

@@ -8,6 +8,7 @@ their ``train()``.
 from __future__ import annotations
 
 import io
+import logging
 import numbers
 import pathlib
 from collections.abc import Callable
@@ -18,10 +19,15 @@ from gymnasium import spaces
 from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule, get_device
 
 from hetero_replay.adapters.sb3.buffers import DictPrioritizedReplayBuffer, PrioritizedReplayBuffer
+from hetero_replay.advisor import Advice
 from hetero_replay.mapping import Mapping, one_policy_mapping
 from hetero_replay.options import check_beta
 from hetero_replay.pipeline import check_staleness
 from hetero_replay.torch_batches import same_device
+
+_log = logging.getLogger("hetero_replay.adapters.sb3")
+#: A model's arguments that say where it runs or what it logs, not what it trains: mapping="auto" leaves them out.
+_NOT_WORKLOAD = ("policy", "env", "seed", "device", "verbose", "tensorboard_log", "_init_setup_model")
 
 #: ``progress_remaining`` (1 at the start of training, 0 at the end) -> beta.
 BetaSchedule = Callable[[float], float]
@@ -73,9 +79,16 @@ class PERMixin(_OffPolicyBase):
     Args:
         beta_schedule: ``None`` (linear to 1), a constant in ``[0, 1]``, or a
             function of ``progress_remaining`` (1 -> 0) returning beta in ``[0, 1]``.
-        mapping: a :class:`hetero_replay.mapping.Mapping`, or ``None`` for the
-            buffer's defaults (C++ tree, NumPy storage) on SB3's ``device``.
-            ``replay_buffer_kwargs=dict(mapping=...)`` means the same.
+        mapping: a :class:`hetero_replay.mapping.Mapping`, ``"auto"``, or
+            ``None`` for the buffer's defaults (C++ tree, NumPy storage) on
+            SB3's ``device``. ``replay_buffer_kwargs=dict(mapping=...)`` means
+            the same. ``"auto"`` asks :func:`hetero_replay.advisor.advise`: it
+            profiles this setup on this machine (cached afterwards), takes the
+            top-ranked mapping for the given ``staleness`` (and ``device``, if
+            given), sets the replay threads it was ranked with
+            (:func:`hetero_replay.set_num_threads`), keeps the ranking in
+            ``model.advice`` and logs which mapping it chose and why (printed
+            with ``verbose >= 1``).
         staleness: learner steps a priority update may lag behind sampling,
             an integer in ``[0, 1024]``; ``0`` (the default) is exact PER.
             ``replay_buffer_kwargs=dict(staleness=...)`` means the same; the
@@ -101,7 +114,7 @@ class PERMixin(_OffPolicyBase):
         self,
         *args: Any,
         beta_schedule: BetaSchedule | float | None = None,
-        mapping: Mapping | None = None,
+        mapping: Mapping | str | None = None,
         staleness: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -133,10 +146,52 @@ class PERMixin(_OffPolicyBase):
             staleness = in_buffer_kwargs
         self.staleness = staleness
         self.beta_schedule = beta_schedule
+        self.advice: Advice | None = None
+        if isinstance(mapping, str):
+            mapping = self._advised_mapping(mapping, args, kwargs)
         self.mapping = mapping
         # The device asked for, to check against the mapping (load() passes its own here).
         self._device_arg = kwargs.get("device", "auto")
         super().__init__(*args, **kwargs)
+
+    def _advised_mapping(self, mapping: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mapping:
+        """``mapping="auto"``: the advisor's best mapping for this model on this machine (it also sets the threads).
+
+        The advisor profiles fresh copies of the environment and model (the
+        profile is cached, so the next model of the same setup is instant),
+        keeps the staleness asked for, and, where ``device`` is given, that
+        learner device.
+        """
+        from hetero_replay.advisor import advise
+
+        if mapping != "auto":
+            raise ValueError(f"mapping must be a hetero_replay.mapping.Mapping, 'auto' or None, got {mapping!r}")
+        policy = args[0] if args else kwargs.get("policy")
+        env = args[1] if len(args) > 1 else kwargs.get("env")
+        if env is None:
+            raise ValueError("mapping='auto' profiles the environment, so the model needs one (env=...)")
+        # What places or logs the model is not part of the workload; the advisor sets the placement.
+        settings = {k: v for k, v in kwargs.items() if k not in _NOT_WORKLOAD}
+        if settings.get("replay_buffer_kwargs"):
+            settings["replay_buffer_kwargs"] = {
+                k: v for k, v in settings["replay_buffer_kwargs"].items() if k not in ("staleness", "prefetch")
+            }
+        device = str(kwargs.get("device", "auto"))
+        if device == "auto":
+            learners = None
+        else:
+            chosen = get_device(device)
+            learners = ["cpu" if chosen.type == "cpu" else f"{chosen.type}:{chosen.index or 0}"]
+        self.advice = advise(
+            lib="sb3", algo=type(self), env=env, policy=policy, staleness=(self.staleness,), learners=learners,
+            **settings,
+        )  # fmt: skip
+        choice = self.advice.best
+        message = f"{type(self).__name__}(mapping='auto'): " + self.advice.explain()
+        _log.info(message)
+        if kwargs.get("verbose", 0) >= 1:
+            print(message)
+        return choice.apply()
 
     def _setup_model(self) -> None:
         # The one place the PER buffer is chosen and built (SB3 builds it in

@@ -40,6 +40,8 @@ Example:
 
 from __future__ import annotations
 
+import copy
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,9 +62,12 @@ from tianshou.data.types import RolloutBatchProtocol
 from hetero_replay.adapters.tianshou.buffers import HeteroPrioritizedReplayBuffer, HeteroPrioritizedVectorReplayBuffer
 from hetero_replay.adapters.tianshou.schedules import BetaSchedule, checked_beta
 from hetero_replay.adapters.tianshou.weighted_updates import check_supported, weighted_update
+from hetero_replay.advisor import Advice, AutoMapping, advise
 from hetero_replay.mapping import Mapping as DeviceMapping
 from hetero_replay.mapping import one_policy_mapping
 from hetero_replay.pipeline import DeferredUpdates, PendingUpdate, check_staleness
+
+_log = logging.getLogger("hetero_replay.adapters.tianshou")
 
 
 class PERTrainingStats(TrainingStatsWrapper):
@@ -138,6 +143,13 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
             and trains with one policy, so ``inference`` and ``train`` must
             agree). Give the buffer the same mapping for the tree's placement.
             ``None`` leaves the algorithm where it is.
+            ``AutoMapping(env=..., batch_size=..., buffer_size=..., n_envs=...)``
+            (:class:`hetero_replay.advisor.AutoMapping`) asks the advisor: it
+            profiles copies of the algorithm in that setup on this machine
+            (cached afterwards), takes the top-ranked mapping for the given
+            ``staleness``, sets the replay threads it was ranked with, keeps the
+            ranking in ``self.advice`` and logs its choice; build the buffer
+            with ``mapping=algorithm.mapping``.
         staleness: ``k``, learner updates a priority update may lag: the batch
             of update ``t`` is sampled after exactly the priority updates of
             updates ``<= t - k - 1`` were applied (the schedule of
@@ -167,7 +179,7 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         *,
         wrapped_algorithm: OffPolicyAlgorithm[TPolicy],
         beta: float | BetaSchedule,
-        mapping: DeviceMapping | None = None,
+        mapping: DeviceMapping | AutoMapping | str | None = None,
         staleness: int = 0,
     ) -> None:
         if not isinstance(wrapped_algorithm, OffPolicyAlgorithm):
@@ -178,9 +190,13 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         if not (callable(beta) or isinstance(beta, (int, float))):
             raise TypeError(f"beta must be a number or a schedule update -> beta, got {type(beta).__name__}")
         checked_beta(beta(0) if callable(beta) else beta, "beta")
+        staleness = check_staleness(staleness)
+        advice = None
+        if isinstance(mapping, (AutoMapping, str)):
+            advice = _advice_for(mapping, wrapped_algorithm, staleness)
+            mapping = advice.best.apply()
         if mapping is not None:
             mapping = one_policy_mapping(mapping, "Tianshou")
-        staleness = check_staleness(staleness)
         super().__init__(wrapped_algorithm=wrapped_algorithm)
         self.staleness = staleness
         self._deferred = DeferredUpdates()  # priority updates held back (staleness >= 1)
@@ -194,6 +210,8 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         self._batch = _BatchRecord()
         self._modes_after_train: dict[bool, tuple[tuple[torch.nn.Module, bool], ...]] = {}  # see train()
         self.mapping = mapping
+        #: The advisor's ranking when ``mapping`` was an :class:`~hetero_replay.advisor.AutoMapping`.
+        self.advice = advice
         if mapping is not None:
             # Parameters move in place, so the optimizers built with them stay valid.
             self.to(mapping.learner_device)
@@ -357,3 +375,30 @@ def _set_beta(buffer: PrioritizedReplayBuffer, beta: float) -> None:
         # Tianshou's PrioritizedVectorReplayBuffer.set_beta only reaches its children,
         # whose trees are unused; sampling reads the manager's own _beta.
         PrioritizedReplayBuffer.set_beta(buffer, beta)
+
+
+def _advice_for(auto: AutoMapping | str, algorithm: OffPolicyAlgorithm, staleness: int) -> Advice:
+    """The advisor's ranking for ``algorithm`` in the setup ``auto`` describes, keeping ``staleness``.
+
+    It profiles deep copies of ``algorithm`` (the profile is cached per setup
+    and machine), never ``algorithm`` itself, and logs its choice.
+    """
+    if not isinstance(auto, AutoMapping):
+        raise ValueError(
+            f"mapping={auto!r}: a Tianshou algorithm knows neither its environment nor its buffer, so the "
+            "advisor needs them: mapping=hetero_replay.advisor.AutoMapping(env='CartPole-v1', batch_size=64, "
+            "buffer_size=20_000, n_envs=4)"
+        )
+    from tianshou.algorithm import DDPG, DQN, SAC, TD3
+
+    names = ((TD3, "td3"), (SAC, "sac"), (DDPG, "ddpg"), (DQN, "dqn"))
+    algo = next((name for cls, name in names if isinstance(algorithm, cls)), None)
+    if algo is None:
+        raise TypeError(f"the advisor models DQN, DDPG, TD3 and SAC, not {type(algorithm).__name__}")
+    advice = advise(
+        lib="tianshou", algo=algo, env=auto.env, batch_size=auto.batch_size, buffer_size=auto.buffer_size,
+        n_envs=auto.n_envs, algorithm_factory=lambda: copy.deepcopy(algorithm), staleness=(staleness,),
+        profile=auto.profile, cache=auto.cache, **dict(auto.options),
+    )  # fmt: skip
+    _log.info("PEROffPolicyWrapper(mapping=AutoMapping(...)): %s", advice.explain())
+    return advice

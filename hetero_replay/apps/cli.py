@@ -2,6 +2,7 @@
 
 hetero-replay info       what this installation has: tree backends and storages
                          (devices, usable here or why not), threads
+hetero-replay advise     profile every primitive, rank every mapping, say which to use (--validate: prove it)
 hetero-replay compare    stock replay vs PER in SB3 / Tianshou training runs, over seeds
 """
 
@@ -36,6 +37,65 @@ def info(args: argparse.Namespace) -> int:
     print(f"threads: {hetero_replay.num_threads()}")
     print()
     print(registry.describe())
+    return 0
+
+
+def _advise_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lib", default=None, help="host library: sb3 or tianshou (not needed with --profile)")
+    p.add_argument("--algo", default="dqn", help="dqn, ddpg, td3 or sac")
+    p.add_argument("--env", default="CartPole-v1", help="gymnasium environment id")
+    p.add_argument("--batch-size", type=int, default=256, help="B, transitions per gradient step")
+    p.add_argument("--buffer-size", type=int, default=1_000_000, help="N, transitions the replay holds")
+    p.add_argument("--n-envs", type=int, default=1, help="environments stepped together")
+    p.add_argument("--staleness", default="0,1", help="comma-separated stalenesses to rank (0 = strict PER)")
+    p.add_argument("--profile", default=None, help="advise from this saved profile (e.g. one made on a GPU box)")
+    p.add_argument("--no-cache", action="store_true", help="profile again even if a cached profile exists")
+    p.add_argument("--validate", action="store_true", help="train the top mappings, default and baseline end to end")
+    p.add_argument("--top", type=int, default=3, help="how many top-ranked mappings --validate trains")
+    p.add_argument("--validate-all", action="store_true", help="--validate every ranked mapping")
+    p.add_argument("--env-steps", type=int, default=None, help="env steps per validation run (default: ~4 s each)")
+    p.add_argument("--repeats", type=int, default=3, help="validation runs per mapping (the median counts)")
+    p.add_argument("--out", default=None, help="output folder (default: out/advise/<lib>-<algo>-<env>-B<B>-N<N>)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+@command(
+    "advise", "profile every primitive, rank every mapping; table, JSON, PNG (--validate: measured)", _advise_arguments
+)
+def advise(args: argparse.Namespace) -> int:
+    from hetero_replay import advisor
+
+    progress = not args.no_progress
+    try:
+        staleness = _integers(args.staleness, "--staleness")
+        workload = None
+        if args.lib is not None:
+            workload = advisor.make_workload(
+                args.lib, algo=args.algo, env=args.env, batch_size=args.batch_size,
+                buffer_size=args.buffer_size, n_envs=args.n_envs,
+            )  # fmt: skip
+        elif args.profile is None:
+            raise ValueError("give --lib (sb3 or tianshou) and the setup, or --profile FILE")
+        if (args.validate or args.validate_all) and workload is None:
+            raise ValueError("--validate trains the mappings, so it needs --lib and the setup")
+        advice = advisor.advise(
+            workload, staleness=staleness, profile=args.profile, cache=not args.no_cache, progress=progress
+        )
+    except (ValueError, TypeError, ImportError, advisor.ProfileError, FileNotFoundError) as e:
+        print(f"hetero-replay advise: {e}", file=sys.stderr)
+        return 2
+    if args.validate or args.validate_all:
+        from hetero_replay.advisor import validation
+
+        assert workload is not None  # refused above without --lib
+
+        rows = validation.choose(advice, top=args.top, everything=args.validate_all)
+        validation.validate(advice, workload, rows, env_steps=args.env_steps, repeats=args.repeats, progress=progress)
+    print(advice.table())
+    print("\n" + advice.explain())
+    spec = advice.profile.workload
+    out = args.out or f"out/advise/{spec.lib}-{spec.algo}-{spec.env}-B{spec.batch_size}-N{spec.buffer_size}"
+    print("\nwrote " + ", ".join(str(p) for p in advice.save(out)))
     return 0
 
 

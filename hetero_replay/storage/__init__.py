@@ -61,6 +61,7 @@ register_storage(
     HOST,
     _host,
     devices=("cpu",),
+    threaded=True,  # large gathers run on the native thread pool
     description="NumPy arrays in host memory",
 )
 register_storage(

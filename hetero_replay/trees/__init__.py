@@ -82,6 +82,7 @@ register_backend(
     _native,
     devices=("cpu",),
     auto_rank=0,
+    threaded=True,
     description="C++17 K-ary tree, threaded over the batch, GIL released",
 )
 register_backend(

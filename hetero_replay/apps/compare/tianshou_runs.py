@@ -11,8 +11,11 @@ Variants, baseline first:
 * ``uniform`` — Tianshou's ``VectorReplayBuffer``.
 
 Both PER variants use alpha 0.6 and beta annealed linearly from 0.4 to 1 over
-the run. Every variant gets the same hyperparameters (:data:`HYPERPARAMS`;
-DQN on CartPole as in ``shared/notes/host-libraries.md`` §2). Each run first
+the run. Every variant gets the same hyperparameters and algorithm: the
+standard setups of :mod:`hetero_replay.adapters.tianshou.workload`
+(:data:`HYPERPARAMS` is its ``STANDARD_HYPERPARAMS``, ``make_algorithm`` its
+``standard_algorithm``; DQN on CartPole as in ``shared/notes/host-libraries.md``
+§2), which the mapping advisor profiles too. Each run first
 collects ``warmup_steps`` random transitions (untimed, not counted in
 ``steps``), then trains in epochs of ``eval_every`` env steps with Tianshou's
 ``OffPolicyTrainer``; between epochs the greedy policy is evaluated on
@@ -28,99 +31,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+# The standard setups live with the advisor's Tianshou workload, which profiles the same training.
+from hetero_replay.adapters.tianshou.workload import ALPHA, BETA_END, BETA_START, Hyperparams
+from hetero_replay.adapters.tianshou.workload import STANDARD_HYPERPARAMS as HYPERPARAMS
+from hetero_replay.adapters.tianshou.workload import standard_algorithm as make_algorithm
 from hetero_replay.apps.compare.base import RunResult, RunSpec, register_runner
 
 ALGOS = ("dqn", "ddpg", "td3", "sac")
 VARIANTS = ("stock-per", "hetero-per", "uniform")
-
-#: Priority exponent and beta schedule of both PER variants.
-ALPHA, BETA_START, BETA_END = 0.6, 0.4, 1.0
-
-
-@dataclass(frozen=True)
-class Hyperparams:
-    """What a run of one algorithm needs besides the :class:`RunSpec`."""
-
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    lr: float = 1e-3
-    gamma: float = 0.99
-    batch_size: int = 64
-    buffer_size: int = 50_000
-    warmup_steps: int = 1000  # random transitions collected before training
-    collect_per_env: int = 4  # env steps per env between update phases
-    updates_per_step: float = 0.25  # gradient steps per collected env step
-    extra: dict[str, Any] = field(default_factory=dict)  # algorithm-specific arguments
-
-
-#: Per algorithm. DQN: the stock setup of the notes (target network every 250
-#: gradient steps, MSE loss, epsilon 1 -> 0.05 over 30% of the run).
-HYPERPARAMS: dict[str, Hyperparams] = {
-    "dqn": Hyperparams(extra=dict(target_update_freq=250, eps_final=0.05, eps_fraction=0.3)),
-    "ddpg": Hyperparams(buffer_size=20_000, collect_per_env=1, updates_per_step=1.0, extra=dict(noise=0.1)),
-    "td3": Hyperparams(buffer_size=20_000, collect_per_env=1, updates_per_step=1.0, extra=dict(noise=0.1)),
-    "sac": Hyperparams(buffer_size=20_000, collect_per_env=1, updates_per_step=1.0, extra=dict(alpha=0.2)),
-}
-
-
-def make_algorithm(algo: str, env: Any, hp: Hyperparams) -> Any:
-    """A stock Tianshou ``algo`` (DQN, DDPG, TD3 or SAC) for ``env``'s spaces.
-
-    Raises:
-        ValueError: the action space does not suit ``algo`` (DQN needs a discrete one,
-            the others a continuous one).
-    """
-    from gymnasium import spaces
-    from tianshou.algorithm import DDPG, DQN
-    from tianshou.algorithm.modelfree.ddpg import ContinuousDeterministicPolicy
-    from tianshou.algorithm.modelfree.dqn import DiscreteQLearningPolicy
-    from tianshou.algorithm.modelfree.sac import SAC, SACPolicy
-    from tianshou.algorithm.modelfree.td3 import TD3
-    from tianshou.algorithm.optim import AdamOptimizerFactory
-    from tianshou.exploration import GaussianNoise
-    from tianshou.utils.net.common import Net
-    from tianshou.utils.net.continuous import (
-        ContinuousActorDeterministic,
-        ContinuousActorProbabilistic,
-        ContinuousCritic,
-    )
-
-    obs_shape = env.observation_space.shape
-    optim = AdamOptimizerFactory(lr=hp.lr)
-    if algo == "dqn":
-        if not isinstance(env.action_space, spaces.Discrete):
-            raise ValueError(f"dqn needs a discrete action space, got {env.action_space}")
-        model = Net(state_shape=obs_shape, action_shape=int(env.action_space.n), hidden_sizes=list(hp.hidden_sizes))
-        policy = DiscreteQLearningPolicy(
-            model=model, action_space=env.action_space, eps_training=1.0, eps_inference=0.0
-        )
-        return DQN(policy=policy, optim=optim, gamma=hp.gamma, target_update_freq=hp.extra["target_update_freq"],
-                   is_double=False)  # fmt: skip
-    if not isinstance(env.action_space, spaces.Box):
-        raise ValueError(f"{algo} needs a continuous (Box) action space, got {env.action_space}")
-    act_shape = env.action_space.shape
-
-    def critic() -> ContinuousCritic:
-        net = Net(state_shape=obs_shape, action_shape=act_shape, hidden_sizes=list(hp.hidden_sizes), concat=True)
-        return ContinuousCritic(preprocess_net=net)
-
-    actor_net = Net(state_shape=obs_shape, hidden_sizes=list(hp.hidden_sizes))
-    if algo == "sac":
-        sac_actor = ContinuousActorProbabilistic(preprocess_net=actor_net, action_shape=act_shape, unbounded=True,
-                                                 conditioned_sigma=True)  # fmt: skip
-        return SAC(policy=SACPolicy(actor=sac_actor, action_space=env.action_space), policy_optim=optim,
-                   critic=critic(), critic_optim=optim, critic2=critic(), gamma=hp.gamma, alpha=hp.extra["alpha"])  # fmt: skip
-    actor = ContinuousActorDeterministic(preprocess_net=actor_net, action_shape=act_shape)
-    deterministic = ContinuousDeterministicPolicy(actor=actor, exploration_noise=GaussianNoise(sigma=hp.extra["noise"]),
-                                                  action_space=env.action_space)  # fmt: skip
-    if algo == "td3":
-        return TD3(policy=deterministic, policy_optim=optim, critic=critic(), critic_optim=optim, critic2=critic(),
-                   gamma=hp.gamma)  # fmt: skip
-    return DDPG(policy=deterministic, policy_optim=optim, critic=critic(), critic_optim=optim, gamma=hp.gamma)
 
 
 def make_buffer(variant: str, hp: Hyperparams, n_envs: int, seed: int) -> Any:
