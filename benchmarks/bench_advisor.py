@@ -83,7 +83,7 @@ def write_overall(results: list[dict[str, Any]], out: Path, argv: list[str]) -> 
     lines = [
         "# Advisor validation",
         "",
-        f"Command: `python benchmarks/bench_advisor.py {' '.join(argv)}`; torch on one thread.",
+        f"Command: `{' '.join(['python benchmarks/bench_advisor.py', *argv])}`; torch on one thread.",
         "",
         "| workload | validated | MAPE | top-ranked within 5% of measured best | advisor's choice | "
         "measured: choice / default | choice / baseline |",
@@ -93,7 +93,8 @@ def write_overall(results: list[dict[str, Any]], out: Path, argv: list[str]) -> 
         s = r["summary"]
         lines.append(
             f"| {s['name']} | {s['validated']} | {100 * s['mape']:.1f}% | {'yes' if s['top_ranked_within_5pct'] else 'no'} "
-            f"| {s['best']} | {_ratio(s.get('measured_speedup_vs_default'))} | {_ratio(s.get('measured_speedup_vs_baseline'))} |"
+            f"| {s['best'].replace('|', '/')} | {_ratio(s.get('measured_speedup_vs_default'))} "
+            f"| {_ratio(s.get('measured_speedup_vs_baseline'))} |"
         )
     overall = report.mape([(p[0], p[1], p[2], p[3]) for p in points])
     within = sum(bool(r["summary"]["top_ranked_within_5pct"]) for r in results)
