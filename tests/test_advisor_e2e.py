@@ -182,7 +182,7 @@ def test_perdqn_auto_keeps_the_staleness_and_device_asked_for():
 def test_a_mapping_string_other_than_auto_is_refused():
     from hetero_replay.adapters.sb3 import PERDQN
 
-    with pytest.raises(ValueError, match="'auto' or None"):
+    with pytest.raises(TypeError, match="'auto' or None, got str 'fastest'"):
         PERDQN("MlpPolicy", "CartPole-v1", mapping="fastest")
 
 

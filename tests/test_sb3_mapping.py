@@ -186,7 +186,7 @@ def test_stock_dqn_takes_a_mapping_through_the_buffer_kwargs() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        (dict(mapping="cpu"), TypeError, "mapping must be a hetero_replay.mapping.Mapping, got str"),
+        (dict(mapping="cpu"), TypeError, "mapping must be a hetero_replay.mapping.Mapping, 'auto' or None, got str"),
         (
             dict(mapping=Mapping(inference="cuda", check=False)),
             ValueError,

@@ -98,7 +98,7 @@ class PERMixin(_OffPolicyBase):
             ``device`` may be left out (or name the mapping's learner device).
 
     Raises:
-        TypeError: ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`.
+        TypeError: ``mapping`` is neither a :class:`~hetero_replay.mapping.Mapping`, ``"auto"`` nor ``None``.
         ValueError: the mapping's inference and train devices differ, or
             ``device`` or ``replay_buffer_kwargs`` contradict the mapping;
             ``staleness`` out of range or contradicted by ``replay_buffer_kwargs``.
@@ -165,7 +165,7 @@ class PERMixin(_OffPolicyBase):
         from hetero_replay.advisor import advise
 
         if mapping != "auto":
-            raise ValueError(f"mapping must be a hetero_replay.mapping.Mapping, 'auto' or None, got {mapping!r}")
+            raise TypeError(f"mapping must be a hetero_replay.mapping.Mapping, 'auto' or None, got str {mapping!r}")
         policy = args[0] if args else kwargs.get("policy")
         env = args[1] if len(args) > 1 else kwargs.get("env")
         if env is None:

@@ -192,6 +192,11 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         checked_beta(beta(0) if callable(beta) else beta, "beta")
         staleness = check_staleness(staleness)
         advice = None
+        if isinstance(mapping, str) and mapping != "auto":
+            raise TypeError(
+                f"mapping must be a hetero_replay.mapping.Mapping or a hetero_replay.advisor.AutoMapping, "
+                f"got str {mapping!r}"
+            )
         if isinstance(mapping, (AutoMapping, str)):
             advice = _advice_for(mapping, wrapped_algorithm, staleness)
             mapping = advice.best.apply()
