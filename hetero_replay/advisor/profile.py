@@ -22,6 +22,7 @@ marks them "predicted only".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -402,12 +403,10 @@ def machine() -> dict[str, Any]:
 
 
 def _cpu_model() -> str:
-    try:
+    with contextlib.suppress(OSError):  # no /proc (not Linux): ask the platform module
         for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.partition(":")[2].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 
