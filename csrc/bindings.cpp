@@ -17,6 +17,7 @@ namespace py = pybind11;
 using namespace hetero_replay;
 
 void register_kernel_items(py::module_& m);  // csrc/kernel_items_host.cpp
+void register_ring(py::module_& m);          // csrc/ring.cpp
 
 namespace {
 
@@ -201,6 +202,7 @@ std::unique_ptr<PySumTree> make_py_tree(int64_t capacity, int fanout, py::object
 PYBIND11_MODULE(_native, m) {
   m.doc() = "C++ K-ary sum tree and hot-path helpers of hetero_replay.";
   register_kernel_items(m);
+  register_ring(m);
 
   // The PER arithmetic every CPU backend shares, so that they agree to the bit
   // whatever SIMD paths NumPy or torch would pick on this machine.

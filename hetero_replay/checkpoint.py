@@ -64,6 +64,9 @@ MAX_STORAGE_BYTES = 1 << 47
 #: Most dimensions of one transition field (NumPy allows 64 per array, storage adds one).
 MAX_FIELD_DIMS = 32
 
+#: ``header["rows"]`` of a ring storage's durable state: rows are in the ring's files, the
+#: arrays are every slot's priority and stamp (see :mod:`hetero_replay.storage.disk`).
+RING_ROWS = "ring"
 _CONFIG_KEYS = ("capacity", "alpha", "beta", "eps", "fanout", "priority_dtype", "stratified", "schema")
 _READ_CHUNK = 16 << 20
 # A ZIP entry's general-purpose flags that this reader must refuse: encrypted (bit 0),
@@ -425,6 +428,10 @@ def _check_header(header: Mapping[str, Any], path: Path) -> None:
     position: Any = header.get("position")
     require(_is_int(size) and 0 <= size <= capacity, f"size {_short(size)} for capacity {capacity}")
     require(_is_int(position) and 0 <= position < capacity, f"position {_short(position)} for capacity {capacity}")
+    if header.get("rows", RING_ROWS) != RING_ROWS:
+        require(False, f"rows {_short(header.get('rows'))}")
+    if header.get("rows") == RING_ROWS:
+        require(_is_int(header.get("tickets")) and header["tickets"] >= 0, f"tickets {_short(header.get('tickets'))}")
     max_priority: Any = header.get("max_priority")
     require(_is_real(max_priority, 0.0) and max_priority > 0, f"max_priority {_short(max_priority)}")
     require(_is_generator_state(header.get("rng_state")), "rng_state is not a NumPy generator state")
@@ -459,8 +466,15 @@ def _check_arrays(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray], p
     """The arrays are the header's: one per schema field with ``size`` rows, and the priorities."""
     size, schema = header["size"], header["config"]["schema"]
     # name -> (dtype string, or None for any float dtype, and shape)
-    expected = {f"storage/{name}": (field["dtype"], (size, *field["shape"])) for name, field in schema.items()}
-    expected["priorities"] = (None, (size,))  # any float: the tree casts them to its own dtype
+    if header.get("rows") == RING_ROWS:  # the durable state of a ring storage: rows live in its ring file
+        capacity = header["config"]["capacity"]
+        expected: dict[str, tuple[str | None, tuple[int, ...]]] = {
+            "priorities": (None, (capacity,)),
+            "stamps": ("<i8", (capacity,)),
+        }
+    else:
+        expected = {f"storage/{name}": (field["dtype"], (size, *field["shape"])) for name, field in schema.items()}
+        expected["priorities"] = (None, (size,))  # any float: the tree casts them to its own dtype
     if set(arrays) != set(expected):
         raise ReplayFileError(
             f"{path}: inconsistent replay file: arrays {sorted(arrays)}, the schema needs {sorted(expected)}"

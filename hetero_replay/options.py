@@ -98,6 +98,12 @@ class PEROptions:
         given = {k: v for k, v in changes.items() if v is not UNSET}
         return base.replace(**given) if given else base
 
+    @classmethod
+    def from_config(cls, config: Any, tree: str = "auto") -> PEROptions:
+        """The options a saved buffer's ``config`` records (see :mod:`hetero_replay.checkpoint`), with backend ``tree``."""
+        keys = ("alpha", "beta", "eps", "fanout", "priority_dtype", "stratified")
+        return cls(tree=tree, **{k: config[k] for k in keys})
+
 
 # -- checks, shared by the options and the setters that change them later ------------------
 

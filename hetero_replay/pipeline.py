@@ -382,6 +382,10 @@ class RelaxedReplay:
     def position(self) -> int:
         return self.replay.position
 
+    @property
+    def filled(self) -> int:
+        return self.replay.filled
+
     def __len__(self) -> int:
         return len(self.replay)
 
@@ -415,6 +419,10 @@ class _Pipeline:
         self.batch_size: int | None = None  # of the latest sample: what the worker draws
         self.hold = True  # no drawing ahead until the learner samples again (after a write)
         self.ready: deque[_Drawn] = deque()
+        # The worker draws (and reads rows) without holding `lock`, so a learner whose batch is ready
+        # never waits behind a slow read; what changes the buffer's state waits for the draw instead.
+        self.drawing = False
+        self.drawing_from: dict[str, Any] = {}  # the generator's state before the draw under way
         self.pending = DeferredUpdates()
         self.undo: list[_Applied] = []
         self.last_epoch = replay.track_writes()
@@ -431,6 +439,8 @@ class _Pipeline:
         start = time.perf_counter()
         with self.lock:
             self._raise_error(self.served - self.k - 1)  # an update this batch needs failed on the worker
+            if not (self.ready and self.ready[0].batch_size == n):
+                self._quiesce()  # the batch may be the one being drawn, or the state is about to change
             if self.ready and self.ready[0].batch_size != n:
                 self._rollback()
             if self.ready:
@@ -470,6 +480,7 @@ class _Pipeline:
     def write(self, fn: Any, *args: Any, discard_updates: bool = False) -> Any:
         """Run a write of the wrapped buffer at the schedule's point for the next step."""
         with self.lock:
+            self._quiesce()
             if discard_updates:
                 self._rollback()
                 self.pending.clear()
@@ -487,6 +498,7 @@ class _Pipeline:
 
     def flush(self) -> None:
         with self.lock:
+            self._quiesce()
             self._catch_up()
             while (update := self.pending.next_due(self.served)) is not None:
                 self._apply(update, ahead=False)
@@ -495,6 +507,7 @@ class _Pipeline:
 
     def sync(self) -> None:
         with self.lock:
+            self._quiesce()
             self._catch_up()
             self.hold = True
 
@@ -518,6 +531,7 @@ class _Pipeline:
 
     def stop(self) -> None:
         with self.lock:
+            self._quiesce()
             self.stopping = True
             self.cond.notify_all()
             thread = self.thread
@@ -525,6 +539,11 @@ class _Pipeline:
             thread.join()
 
     # -- the schedule ------------------------------------------------------------------------
+
+    def _quiesce(self) -> None:
+        """Wait (holding ``lock`` between waits) until no draw is under way on the worker."""
+        while self.drawing:
+            self.cond.wait()
 
     def _catch_up(self) -> None:
         """Bring the buffer to the state the schedule defines for the next step's draw."""
@@ -573,19 +592,29 @@ class _Pipeline:
         return lambda: self._draw(j)
 
     def _draw(self, step: int) -> None:
+        """Draw the batch of ``step``. Called holding ``lock``; releases it while the buffer samples."""
         assert self.batch_size is not None
+        n = self.batch_size
         state = dict(self.replay.rng.bit_generator.state)
         epoch = self.replay.write_epoch
+        self.drawing, self.drawing_from = True, state
+        self.lock.release()
         try:
             with self.streams.worker():
-                batch = self.replay.sample(self.batch_size, 1.0)
+                batch = self.replay.sample(n, 1.0)
                 beta = self.replay.beta  # most likely the next sample's: raise the weights here, off the learner
                 weights = batch.weights if beta == 1.0 else batch.weights**beta
                 event = self.streams.record()
         except Exception:  # the engine left the generator as it was; the learner's own draw will raise it
+            batch = None
+        finally:
+            self.lock.acquire()
+            self.drawing = False
+            self.cond.notify_all()
+        if batch is None:
             self.hold = True
             return
-        self.ready.append(_Drawn(step, batch, self.batch_size, state, epoch, event, beta, weights))
+        self.ready.append(_Drawn(step, batch, n, state, epoch, event, beta, weights))
 
     def _raise_error(self, through: int) -> None:
         """Raise the error of a failed update of a step ``<= through``: where the schedule needs it.
@@ -624,6 +653,9 @@ class _Pipeline:
         # the worker thread does not exist here: the next sample starts one.
         self.cond = threading.Condition(self.lock)  # type: ignore[arg-type]
         self.thread = None
+        if self.drawing:  # forked mid-draw: the batch stays in the parent, so its draw is undone here
+            self.replay.rng.bit_generator.state = self.drawing_from
+            self.drawing = False
 
 
 def _after_fork_in_child() -> None:

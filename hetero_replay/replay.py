@@ -23,6 +23,7 @@ flight finish first), so a child process gets a consistent, usable buffer.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -32,10 +33,14 @@ from hetero_replay import checkpoint
 from hetero_replay.forksafe import INNER, ForkSafeLock
 from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions, check_batch_size, check_beta, check_seed
 from hetero_replay.priorities import Priorities, PrioritySnapshot
-from hetero_replay.storage import HOST, Schema, Storage, make_storage
+from hetero_replay.storage import DISK, HOST, SHARED, Schema, Storage, make_storage
+from hetero_replay.storage.base import RingStorage
 from hetero_replay.trees import SumTree
 from hetero_replay.trees.base import MAX_CAPACITY, DeviceTree
 from hetero_replay.trees.numpy_tree import as_indices
+
+#: Draws :meth:`PrioritizedReplay.sample` makes before giving up on a ring whose rows keep changing under it.
+_MAX_REDRAWS = 64
 
 
 class Sample(NamedTuple):
@@ -71,8 +76,20 @@ class PrioritizedReplay:
             another registered storage (``"pinned"``, a torch device such as
             ``"cpu"`` or ``"cuda"``; see :func:`hetero_replay.registry.storages`).
         device: the learner's torch device. When set, or when ``storage`` is
-            not ``"host"``, :meth:`sample` returns torch tensors already on this
+            a torch placement, :meth:`sample` returns torch tensors already on this
             device (default: the storage's device); :attr:`device` says which.
+        storage_options: keyword arguments of the storage: ``"shared"`` takes
+            ``dir`` (where its segment file goes); ``"disk"`` takes ``path`` (a
+            directory, required), ``ram_bytes``, ``read_threads``,
+            ``flush_every``, ``flush_seconds`` and ``resume`` (see
+            :class:`~hetero_replay.storage.disk.DiskStorage`).
+
+    Storages other processes write (``"shared"``, ``"disk"``): :meth:`writer`
+    gives actor processes a handle to add rows concurrently with this learner;
+    their rows join the tree (with the max priority) at the learner's next call,
+    and a row being rewritten is never served (:mod:`hetero_replay.storage.ring`).
+    A ``"disk"`` buffer makes durable points and is reopened after a crash with
+    :meth:`reopen`.
 
     Example:
         >>> buf = PrioritizedReplay(1000, {"obs": ((4,), "float32"), "reward": ((), "float32")}, seed=0)
@@ -98,6 +115,7 @@ class PrioritizedReplay:
         tree_device: Any = None,
         storage: str = HOST,
         device: Any = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
             raise TypeError(f"capacity must be an integer, got {type(capacity).__name__} {capacity!r}")
@@ -110,15 +128,21 @@ class PrioritizedReplay:
         self.capacity = int(capacity)
         self.rng = np.random.default_rng(check_seed(seed))
         self.priorities = Priorities(self.capacity, self.options, tree_device=tree_device)
-        self.storage: Storage = make_storage(storage, self.capacity, schema)
+        if device is not None and storage in (SHARED, DISK):
+            raise ValueError(f"storage={storage!r} serves NumPy batches; device= is not supported with it")
+        self.storage: Storage = make_storage(storage, self.capacity, schema, storage_options)
         # How to rebuild this buffer elsewhere (load_state_dict, pickling).
-        self._placement = {
+        self._placement: dict[str, Any] = {
             "tree_device": None if tree_device is None else str(tree_device),
             "storage": str(storage),
             "device": None if device is None else str(device),
         }
+        if storage_options:
+            self._placement["storage_options"] = dict(storage_options)
+        # Storages that writer processes add to decide where rows go (see _sync).
+        self._ring: RingStorage | None = self.storage if isinstance(self.storage, RingStorage) else None
         self._batches = None
-        if storage != HOST or device is not None:
+        if (storage != HOST and self._ring is None) or device is not None:
             # Imported here: torch is needed only by buffers that serve torch learners.
             from hetero_replay.torch_batches import TorchBatches
 
@@ -126,6 +150,12 @@ class PrioritizedReplay:
         self._lock = ForkSafeLock(INNER)
         self._pos = 0
         self._size = 0
+        recovered = getattr(self.storage, "recovered", None)
+        if recovered is not None:  # a disk ring reopened at its last durable point
+            header, leaves = recovered
+            self.priorities.load(leaves, header["max_priority"])
+            self.rng.bit_generator.state = header["rng_state"]
+            self._sync()
 
     # -- hyper-parameters (the PER rules are the Priorities') ---------------------------
 
@@ -184,9 +214,25 @@ class PrioritizedReplay:
     @property
     def position(self) -> int:
         """Where the next added transition goes."""
+        if self._ring is not None:
+            with self._lock:
+                self._sync()
         return self._pos
 
+    @property
+    def filled(self) -> int:
+        """Slots written so far, at most ``capacity``: ``len`` plus, with writer processes, rows still being written."""
+        if self._ring is not None:
+            with self._lock:
+                self._sync()
+        return self._size
+
     def __len__(self) -> int:
+        """Transitions stored. With writer processes: complete rows, as the learner's last poll saw them."""
+        if self._ring is not None:
+            with self._lock:
+                self._sync()
+                return self._ring.committed
         return self._size
 
     def __repr__(self) -> str:
@@ -209,6 +255,11 @@ class PrioritizedReplay:
         """
         with self._lock:
             rows, arrays = self.storage.validate(batch)
+            if self._ring is not None:
+                self.priorities.new_priority()  # refused before anything is written, as below
+                indices = self._ring.append(arrays) if rows else np.empty(0, np.int64)
+                self._sync()
+                return indices
             indices = (self._pos + np.arange(rows, dtype=np.int64)) % self.capacity
             if rows == 0:
                 return indices
@@ -234,12 +285,125 @@ class PrioritizedReplay:
         n = check_batch_size(batch_size)
         b = self.beta if beta is None else check_beta(beta)
         with self._lock:
+            if self._ring is not None:
+                self._sync()
             if self._size == 0:
                 raise ValueError("cannot sample from an empty buffer; add transitions first")
             if self._batches is not None:
                 return Sample(*self._batches.draw(self.priorities, n, self.rng, b))
+            if self._ring is not None:
+                return self._draw_intact(n, b)
             indices, weights = self.priorities.draw(n, self.rng, b)
             return Sample(self.storage.gather(indices), indices, weights)
+
+    def _draw_intact(self, n: int, beta: float) -> Sample:
+        """Draw from a ring storage; entries whose row a writer began to replace are drawn again.
+
+        Such a slot leaves the tree until a poll sees its new row committed. The
+        entries drawn again are independent draws from the tree as it is then.
+        """
+        assert self._ring is not None
+        indices: Any = None
+        weights: Any = None
+        data: dict[str, Any] = {}
+        redo: np.ndarray | None = None  # positions of the batch still to draw
+        for attempt in range(_MAX_REDRAWS):
+            if self.tree.total() == 0:
+                # Every stored row is being rewritten this instant (a ring of a few rows): wait for a commit.
+                time.sleep(min(1e-4 * 2**attempt, 0.05))
+                self._sync()
+                continue
+            k = n if redo is None else len(redo)
+            idx, w = self.priorities.draw(k, self.rng, beta)
+            rows, intact = self._ring.read_intact(idx)
+            if redo is None:
+                indices, weights, data = idx, w, rows
+                redo = np.arange(n)
+            else:
+                indices[redo], weights[redo] = idx, w
+                for name, arr in rows.items():
+                    data[name][redo] = arr
+            if intact.all():
+                return Sample(data, indices, weights)
+            self.priorities.clear(np.unique(idx[~intact]))
+            redo = redo[~intact]
+            self._sync()
+        if self.tree.total() == 0:
+            raise ValueError("no complete row to sample: every stored row is being rewritten (or its writer died)")
+        raise RuntimeError(f"no batch of intact rows in {_MAX_REDRAWS} draws: writers rewrite the ring too fast")
+
+    def _sync(self) -> None:
+        """Take in what writer processes did since the last call (ring storages; holds the lock)."""
+        assert self._ring is not None
+        new, gone = self._ring.poll()
+        if gone.size:
+            self.priorities.clear(gone)
+        if new.size:
+            self.priorities.assign_new(new)
+        tickets = self._ring.tickets
+        self._pos, self._size = tickets % self.capacity, min(tickets, self.capacity)
+        if hasattr(self._ring, "flush_due") and self._ring.flush_due():
+            self._persist(wait=False)
+
+    def _persist(self, wait: bool) -> None:
+        state = self._state(copy=False, rows=False)
+        self._ring.persist(state, self.priorities.leaves(), wait=wait)  # type: ignore[union-attr]
+
+    def flush(self) -> None:
+        """Make a durable point now and wait for it (``storage="disk"``; other storages have none).
+
+        A ``"disk"`` buffer also makes one by itself every ``flush_every``
+        adds or ``flush_seconds`` seconds (see :class:`~hetero_replay.storage.disk.DiskStorage`).
+        """
+        if self._ring is not None and hasattr(self._ring, "persist"):
+            with self._lock:
+                self._sync()
+                self._persist(wait=True)
+
+    def writer(self) -> Any:
+        """A picklable handle that actor processes add rows with, concurrently with this learner.
+
+        Only storages other processes write have one (``"shared"``, ``"disk"``);
+        see :class:`~hetero_replay.storage.ring.RingWriter`.
+
+        Raises:
+            TypeError: this buffer's storage has no writer handles.
+        """
+        if self._ring is None:
+            raise TypeError(
+                f"storage={self._placement['storage']!r} lives in this process only; "
+                "PrioritizedReplay(..., storage='shared') (or 'disk') gives writer handles"
+            )
+        return self._ring.writer()
+
+    @classmethod
+    def reopen(cls, path: str | os.PathLike[str], tree: str = "auto", **storage_options: Any) -> PrioritizedReplay:
+        """A ``storage="disk"`` buffer at ``path`` as its last durable point left it (after a crash, too).
+
+        Capacity, schema and PER options come from the durable point;
+        ``storage_options`` (``ram_bytes``, ``read_threads``, ``flush_every``,
+        ``flush_seconds``) apply from now on. See :mod:`hetero_replay.storage.disk`.
+
+        Raises:
+            ValueError: ``path`` holds no buffer, or processes of the previous run still write to it.
+            ReplayFileError: the durable state is damaged.
+        """
+        from hetero_replay.storage.disk import STATE_FILE
+
+        state = os.path.join(os.fspath(path), STATE_FILE)
+        if not os.path.exists(state):
+            raise ValueError(
+                f"{os.fspath(path)!r} holds no durable point of a 'disk' replay buffer ({state} is missing)"
+            )
+        header, _ = checkpoint.read(state)
+        cfg = header["config"]
+        return cls(
+            int(cfg["capacity"]),
+            Schema.from_json(cfg["schema"]),
+            options=PEROptions.from_config(cfg, tree),
+            storage="disk",
+            storage_options={**storage_options, "path": os.fspath(path), "resume": True},
+        )
 
     def update_priorities(self, indices: Any, td_errors: Any) -> None:
         """Set the priorities of sampled transitions from their ``|TD error|``.
@@ -352,11 +516,13 @@ class PrioritizedReplay:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly where this buffer is (copies)."""
         with self._lock:
+            if self._ring is not None:
+                self._sync()
             return self._state(copy=True)
 
-    def _state(self, copy: bool) -> dict[str, Any]:
+    def _state(self, copy: bool, rows: bool = True) -> dict[str, Any]:
         o = self.options
-        return {
+        state = {
             "config": {
                 "capacity": self.capacity,
                 "alpha": self.alpha,
@@ -371,9 +537,11 @@ class PrioritizedReplay:
             "size": self._size,
             "max_priority": self.max_priority,
             "rng_state": self.rng.bit_generator.state,
-            "storage": self.storage.export_rows(self._size, copy=copy),
-            "priorities": self.priorities.leaves()[: self._size],
         }
+        if rows:
+            state["storage"] = self.storage.export_rows(self._size, copy=copy)
+            state["priorities"] = self.priorities.leaves()[: self._size]
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` of a buffer with the same capacity and schema.
@@ -396,7 +564,10 @@ class PrioritizedReplay:
         """Take over ``fresh``'s state, keeping this buffer's lock (other threads may wait on it)."""
         state = dict(fresh.__dict__)
         state.pop("_lock")
+        old = self.__dict__.get("storage")
         self.__dict__.update(state)
+        if old is not None and old is not self.storage and isinstance(old, RingStorage):
+            old.close()  # its writers are told the buffer is closed
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any], tree: str = "auto", **placement: Any) -> PrioritizedReplay:
@@ -409,15 +580,7 @@ class PrioritizedReplay:
         buf = cls(
             int(cfg["capacity"]),
             Schema.from_json(cfg["schema"]),
-            options=PEROptions(
-                alpha=cfg["alpha"],
-                beta=cfg["beta"],
-                eps=cfg["eps"],
-                tree=tree,
-                fanout=cfg["fanout"],
-                priority_dtype=cfg["priority_dtype"],
-                stratified=cfg["stratified"],
-            ),
+            options=PEROptions.from_config(cfg, tree),
             **placement,
         )
         size, pos = int(state["size"]), int(state["position"])
@@ -437,7 +600,11 @@ class PrioritizedReplay:
         leaves = np.zeros(buf.capacity, buf.tree.dtype)
         leaves[:size] = priorities
         buf.priorities.load(leaves, state["max_priority"])
-        buf.storage.import_rows({name: np.asarray(storage[name]) for name in buf.schema})
+        rows = {name: np.asarray(storage[name]) for name in buf.schema}
+        if buf._ring is not None:
+            buf._ring.adopt(pos, size, rows)
+        else:
+            buf.storage.import_rows(rows)
         buf.rng.bit_generator.state = state["rng_state"]
         buf._pos, buf._size = pos, size
         return buf
@@ -477,9 +644,22 @@ class PrioritizedReplay:
             ) from e
 
     def close(self) -> None:
-        """Release what the storage holds (files, shared memory); the buffer is unusable afterwards."""
+        """Release what the storage holds (files, shared memory); the buffer is unusable afterwards.
+
+        A ``"disk"`` buffer makes a last durable point first (its files stay);
+        a ``"shared"`` one removes its segment, and its writers' next ``add`` raises.
+        """
         with self._lock:
-            self.storage.close()
+            try:
+                if (
+                    self._ring is not None
+                    and hasattr(self._ring, "persist")
+                    and not getattr(self._ring, "closed", True)
+                ):
+                    self._sync()
+                    self._persist(wait=True)
+            finally:  # writers are told, and files closed, even when the last durable point fails
+                self.storage.close()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"state": self.state_dict(), "tree": self.options.tree, "placement": self._placement}

@@ -126,3 +126,14 @@ def counting_env():
             return super().reset(**kwargs)
 
     return lambda env_id: Counting(gym.make(env_id))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_segments() -> Iterator[None]:
+    """The whole session leaves no shared-memory segment of ours behind (storage="shared")."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob("hetero-replay-*.ring")) if shm.is_dir() else set()
+    yield
+    after = set(shm.glob("hetero-replay-*.ring")) if shm.is_dir() else set()
+    leaked = sorted(str(p) for p in after - before)
+    assert not leaked, f"segments left in /dev/shm: {leaked}"

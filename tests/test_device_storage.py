@@ -77,7 +77,9 @@ def test_meta_device_storage_moves_nothing_when_indices_are_there():
 def test_placements_and_their_errors():
     assert isinstance(make_storage("host", 4, SCHEMA), HostStorage)
     assert make_storage("cpu", 4, SCHEMA).device == torch.device("cpu")
-    with pytest.raises(ValueError, match="storage must be 'host', 'pinned' or a torch device, got 'gpu'"):
+    with pytest.raises(
+        ValueError, match="storage must be 'host', 'pinned', 'shared', 'disk' or a torch device, got 'gpu'"
+    ):
         make_storage("gpu", 4, SCHEMA)
     with pytest.raises(ValueError, match="pin_memory is for host storage"):
         TorchStorage(4, SCHEMA, "meta", pin_memory=True)

@@ -94,7 +94,9 @@ def test_device_names_and_backends_come_from_the_registry():
         ValueError, match="tree backend 'native' runs on the CPU only; sample/update are on 'toyaccel:1'"
     ):
         Mapping(sample="toyaccel:1", update="toyaccel:1", tree="native")
-    with pytest.raises(ValueError, match="storage must be 'host', 'pinned' or a torch device, got 'toyaccel:0'"):
+    with pytest.raises(
+        ValueError, match="storage must be 'host', 'pinned', 'shared', 'disk' or a torch device, got 'toyaccel:0'"
+    ):
         Mapping(storage="toyaccel")  # a device, but no storage keeps rows there
 
 

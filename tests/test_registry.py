@@ -242,7 +242,9 @@ def test_a_device_placement_storage_takes_its_devices_names(fresh):
     registry.register_storage("card-rows", host_storage, devices=("toyaccel",), device_placement=True)
     assert registry.storage_for("toyaccel:3").name == "card-rows"
     assert registry.storage_for("cuda:1").name == "torch" and registry.storage_for("host").name == "host"
-    with pytest.raises(ValueError, match="storage must be 'host', 'pinned', a torch device or a 'toyaccel' device"):
+    with pytest.raises(
+        ValueError, match="storage must be 'host', 'pinned', 'shared', 'disk', a torch device or a 'toyaccel' device"
+    ):
         registry.storage_for("gpu")
     m = Mapping(storage="toyaccel", check=False)
     assert m.storage == "toyaccel:0"

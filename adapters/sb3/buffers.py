@@ -136,6 +136,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             on a fixed schedule (seeded runs repeat exactly), on a worker
             thread behind training where that pays. ``0`` (the default) is exact PER.
         prefetch: batches the worker prepares ahead (at most ``staleness``).
+        storage: where transitions live when no ``mapping`` says: ``"host"``
+            (NumPy, the default), ``"shared"`` (a file mapping other processes
+            can add to) or ``"disk"`` (a ring file with durable points, for
+            buffers larger than RAM); see :mod:`hetero_replay.storage`.
+        storage_options: the storage's keyword arguments (``"disk"``:
+            ``path=`` a directory, required; ``resume=True`` continues from the
+            buffer a killed run left there, at its last durable point: ``pos``
+            and ``full`` follow it). See :class:`hetero_replay.PrioritizedReplay`.
 
     With device batches (storage on a device, or a learner off the CPU), the
     sampled tensors come from the core engine untouched, the ``indices`` are a
@@ -182,6 +190,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         options: PEROptions | None = None,
         staleness: int = 0,
         prefetch: int = 1,
+        storage: str = "host",
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         # The PER options are checked by PEROptions; these arguments are the
         # adapter's own (or would reach NumPy unnamed).
@@ -203,6 +213,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             options, alpha=alpha, beta=beta, eps=eps, tree=tree, fanout=fanout,
             priority_dtype=priority_dtype, stratified=stratified,
         )  # fmt: skip
+        if not isinstance(storage, str):
+            raise TypeError(f"storage must be a storage name such as 'host' or 'disk', got {storage!r}")
+        if mapping is not None and storage != "host":
+            raise ValueError(f"storage={storage!r} and the mapping both place the storage; set it in the mapping")
         if mapping is not None:
             mapping = one_policy_mapping(mapping, type(self).__name__)
             device = _mapped_device(device, mapping)
@@ -223,14 +237,19 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.optimize_memory_usage = bool(optimize_memory_usage)
         self.handle_timeout_termination = bool(handle_timeout_termination)
         # The core engine's keyword arguments: the options, and the mapping's placement (its tree included).
-        self._config: dict[str, Any] = dict(options=options)
+        self._config: dict[str, Any] = dict(options=options, storage=storage)
         self.mapping = mapping
         if mapping is not None:
             self._config.update(mapping.replay_kwargs())
+        if storage_options is not None:
+            self._config["storage_options"] = storage_options
         self._action_shapes, self._action_bounds = _action_rules(action_space, self.action_dim, n_envs)
         if seed is None:
             seed = int(np.random.randint(2**31 - 1))
         self._replay = self._make_replay(seed)
+        if self._replay.filled:  # a reopened "disk" buffer: SB3's position follows the engine's
+            self.pos = self._replay.position // self.n_envs
+            self.full = self._replay.filled == self._replay.capacity
         self._stage_new()
         self._samples_since_update = 0
         self._warned_no_update = False
@@ -635,7 +654,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """
         with self._lock:
             self._commit()
-            arr = self._replay.view(name)
+            try:
+                arr = self._replay.view(name)
+            except NotImplementedError:  # rows in a file ("disk"): read and written through the engine
+                return _FieldRows(self._replay, name, self.buffer_size, self.n_envs)  # type: ignore[return-value]
             return arr.reshape(self.buffer_size, self.n_envs, *arr.shape[1:])
 
     @property
@@ -843,6 +865,47 @@ def _field_dtype(dtype: npt.DTypeLike | None) -> np.dtype:
 def _host_copy(value: np.ndarray | th.Tensor) -> np.ndarray:
     """A NumPy copy of storage rows, wherever the storage is."""
     return value.cpu().numpy().copy() if isinstance(value, th.Tensor) else np.array(value)
+
+
+class _FieldRows:
+    """SB3's array attribute (``dones``, ``observations``...) over a storage with no live view.
+
+    Indexing reads the rows through the engine; assigning writes them (one
+    engine call per row written), so SB3's occasional ``dones[pos] = True``
+    works on a ``"disk"`` buffer. Slow for bulk use: sample through the buffer.
+    """
+
+    def __init__(self, replay: Any, name: str, rows: int, n_envs: int) -> None:
+        self._replay, self._name = replay, name
+        self._field = replay.schema[name]
+        self._slots = np.arange(rows * n_envs, dtype=np.int64).reshape(rows, n_envs)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self._slots.shape, *self._field.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._field.dtype
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        slots = self._slots[key]
+        rows = _host_copy(self._replay.read_rows(self._name, np.ravel(slots)))
+        return rows.reshape(*np.shape(slots), *self._field.shape)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        slots = np.atleast_1d(self._slots[key])
+        values = np.broadcast_to(np.asarray(value, self._field.dtype), (*slots.shape, *self._field.shape))
+        flat = values.reshape(-1, *self._field.shape)
+        for k, slot in enumerate(slots.ravel()):
+            self._replay.write_rows(int(slot), {self._name: flat[k : k + 1]})
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
 
 
 def _mapped_device(device: th.device | str, mapping: Mapping) -> str:

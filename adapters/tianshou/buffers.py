@@ -42,6 +42,15 @@ re-implemented here. What changes compared with Tianshou's buffers:
 Both survive ``pickle``, ``copy.deepcopy`` and ``save_hdf5``/``load_hdf5`` (the
 tree pickles, with its device; the lock does not: a copy gets a fresh one).
 
+Crash recovery: with ``durable_path=`` a buffer writes a *durable point*, its
+complete state (rows, episode counters, priorities, max priority, beta,
+generator states), atomically to that file every ``flush_every`` added
+transitions or ``flush_seconds`` seconds, whichever comes first, and
+``reopen(path)`` rebuilds the buffer of the last durable point after the
+learner died, even by ``kill -9`` (:mod:`~hetero_replay.adapters.tianshou.durable`,
+docs/storage-tianshou.md). Each point writes the whole buffer: meant for
+buffers that fit in RAM.
+
 Placement: ``mapping=`` (a :class:`hetero_replay.mapping.Mapping`) puts the tree
 where the mapping's ``sample``/``update`` primitives run, with its backend
 (``Mapping(tree="torch")``: the torch tree on the CPU; ``sample`` and
@@ -65,8 +74,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 from collections.abc import Iterator
-from typing import Any, cast
+from pathlib import Path
+from typing import Any, Self, cast
 
 import h5py
 import numpy as np
@@ -84,8 +95,11 @@ from tianshou.data.types import PrioBatchProtocol, RolloutBatchProtocol
 from tianshou.data.utils.converter import to_hdf5
 
 from hetero_replay import UNSET, DeviceTree, PEROptions, Priorities, SumTree
+from hetero_replay.adapters.tianshou import durable
+from hetero_replay.adapters.tianshou.durable import DurableSchedule
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer, add_rows, storable
-from hetero_replay.adapters.tianshou.staging import commit, stage
+from hetero_replay.adapters.tianshou.staging import Staged, commit, stage
+from hetero_replay.checkpoint import ReplayFileError, remove_stale_temporaries
 from hetero_replay.forksafe import OUTER, ForkSafeLock, holding
 from hetero_replay.mapping import HOST, Mapping
 from hetero_replay.options import check_batch_size
@@ -258,6 +272,10 @@ class _TreePriorities:
     _weight_norm: bool
     _rng: np.random.Generator
     _lock: ForkSafeLock
+    #: Where and when durable points are written; ``None``: never (also for pickled and deep copies).
+    _durable: DurableSchedule | None = None
+    #: The kind of buffer a durable file records ("single" or "vector"), so each class reopens only its own.
+    _DURABLE_KIND: str
 
     def _init_priorities(
         self,
@@ -327,6 +345,128 @@ class _TreePriorities:
         """
         with self._lock:
             self.priorities.beta = beta
+
+    # -- durable points ---------------------------------------------------------------------
+
+    @property
+    def durable_path(self) -> Path | None:
+        """The file durable points go to (``durable_path=``, or the file ``reopen`` read); ``None`` without."""
+        return None if self._durable is None else self._durable.path
+
+    def flush(self) -> None:
+        """Write a durable point now: the whole buffer, atomically, to :attr:`durable_path`.
+
+        The schedule starts again from here (``flush_every`` adds or
+        ``flush_seconds`` seconds until the next one). Holds the lock while
+        writing, so other threads' calls wait for the disk.
+
+        Raises:
+            RuntimeError: the buffer has no ``durable_path`` (pickled and deep
+                copies have none: they would overwrite the original's file).
+            TypeError: the storage holds values a durable point cannot (see ``durable_path=``).
+            OSError: the file cannot be written; the previous durable point stays intact.
+        """
+        with self._lock:
+            if self._durable is None:
+                raise RuntimeError(
+                    f"this {type(self).__name__} has no durable_path; build it with durable_path=... "
+                    "(a pickled or deep copy of a durable buffer has none)"
+                )
+            self._write_durable_point()
+
+    @classmethod
+    def reopen(cls, path: str | os.PathLike[str], **overrides: Any) -> Self:
+        """The buffer of the last durable point in ``path``, which goes on writing durable points there.
+
+        Equal to the buffer that wrote that point: the same stored rows at the
+        same indices, priorities, max priority, beta, ``len``, insertion and
+        episode state, and generator states, so it samples what that buffer
+        would have sampled next. Its options (size, PER options, ``weight_norm``,
+        storage options, ``flush_every``/``flush_seconds``) are the file's.
+        Temporaries left by a write that was killed are removed first.
+
+        Args:
+            path: a file written through ``durable_path=`` by this class.
+            **overrides: ``backend`` or ``mapping`` (where the tree lives now; a
+                mapping is not recorded, so a buffer placed by one is reopened on
+                the default tree unless it is given again), ``flush_every``,
+                ``flush_seconds``: as in the constructor.
+
+        Raises:
+            hetero_replay.checkpoint.ReplayFileError: ``path`` is damaged,
+                truncated, inconsistent, of another format, or holds the other
+                buffer class (the message names the path).
+            OSError: ``path`` cannot be opened (``FileNotFoundError`` if missing).
+            TypeError: ``path`` is not a ``str``/``os.PathLike``, an unknown
+                override, or an override of the wrong type.
+            ValueError: an override out of range.
+        """
+        unknown = sorted(set(overrides) - set(durable.OVERRIDES))
+        if unknown:
+            raise TypeError(f"reopen() takes the overrides {list(durable.OVERRIDES)}, got {unknown}")
+        path = durable.check_path(path, "path")
+        every = durable.check_flush_every(overrides["flush_every"]) if "flush_every" in overrides else None
+        seconds = durable.check_flush_seconds(overrides["flush_seconds"]) if "flush_seconds" in overrides else None
+        remove_stale_temporaries(path)  # of a write the crash interrupted (their writers are dead)
+        image = durable.decode(path, cls._DURABLE_KIND)
+        options = image.options
+        if "backend" in overrides:
+            options = options.replace(tree=overrides["backend"])
+        elif overrides.get("mapping") is not None:
+            options = options.replace(tree="auto")  # the mapping chooses the backend
+        try:
+            buffer = cls._rebuild(image, options, overrides.get("mapping"))
+        except MemoryError as e:
+            raise ReplayFileError(f"{path}: a buffer of {image.maxsize} transitions does not fit here ({e})") from e
+        try:
+            durable.restore(buffer, image)
+        except (TypeError, ValueError, IndexError) as e:
+            raise ReplayFileError(f"{path}: inconsistent durable Tianshou buffer ({e})") from e
+        buffer._durable = DurableSchedule(
+            path,
+            image.flush_every if every is None else every,
+            image.flush_seconds if seconds is None else seconds,
+            points=image.points,
+            added=image.added,
+        )
+        return buffer
+
+    @classmethod
+    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, mapping: Mapping | None) -> Self:
+        """A new, empty buffer with ``image``'s size and options, ``restore`` fills it."""
+        raise NotImplementedError
+
+    def _start_durable(self, schedule: DurableSchedule | None) -> None:
+        """Take the checked ``schedule``; the first durable point (the empty buffer) claims its path at once.
+
+        Writing it now also makes an unwritable path fail here, not at an ``add`` hours later.
+        """
+        self._durable = schedule
+        if schedule is not None:
+            with self._lock:
+                self._write_durable_point()
+
+    def _check_durable_rows(self, staged: Staged) -> None:
+        """Before an add writes: refuse new storage keys a durable point could not hold (changing nothing)."""
+        if self._durable is not None and staged.grows:
+            durable.check_storable(staged.rows)
+
+    def _added(self, n: int) -> None:
+        """Count ``n`` transitions just added; write a durable point if one is due. Hold the lock.
+
+        A failing write raises from the ``add`` whose transitions are already
+        stored; the count is kept, so the next ``add`` tries again.
+        """
+        schedule = self._durable
+        if schedule is not None and schedule.count(n):
+            self._write_durable_point()
+
+    def _write_durable_point(self) -> None:
+        """Write the whole buffer to the durable file and restart the schedule. Hold the lock."""
+        schedule = cast(DurableSchedule, self._durable)
+        header, arrays = durable.encode(self, self._DURABLE_KIND, schedule)
+        durable.write(schedule.path, header, arrays)
+        schedule.written()
 
     # -- Tianshou's PrioritizedReplayBuffer interface ---------------------------------------
 
@@ -538,12 +678,14 @@ class _TreePriorities:
             )
         super().__setstate__(state)  # type: ignore[misc]
         self._lock = ForkSafeLock(OUTER)
+        self._durable = None  # a copy writing to the original's durable file would overwrite its points
 
     # -- internals ---------------------------------------------------------------------------
 
     def _state(self) -> dict[str, Any]:
-        """The attributes that make up the buffer: all but the lock (neither picklable nor shareable)."""
-        return {key: value for key, value in self.__dict__.items() if key != "_lock"}
+        """The attributes that make up the buffer: all but the lock (neither picklable nor shareable)
+        and the durable schedule (a copy must not write to the original's file)."""
+        return {key: value for key, value in self.__dict__.items() if key not in ("_lock", "_durable")}
 
     @property
     def _normalise(self) -> Normalise:
@@ -675,25 +817,59 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
         mapping: a :class:`hetero_replay.mapping.Mapping` placing the tree (its
             backend and device; see the module docstring); ``backend`` must then
             stay ``"auto"`` and the mapping's ``storage`` be ``"host"``.
+        durable_path: a file for durable points (see *Crash recovery* below);
+            ``None`` (the default): none are written. It must not exist yet: a
+            buffer never replaces a run's file (continue that run with
+            :meth:`reopen`). The first point, of the empty buffer, is written at once.
+        flush_every: with ``durable_path``, a durable point is written once this
+            many transitions were added since the last one.
+        flush_seconds: ... or, at the first ``add`` after this many seconds since
+            the last one, whichever comes first.
         **kwargs: Tianshou storage options ``stack_num``, ``ignore_obs_next``,
             ``save_only_last_obs``.
 
     Raises:
         TypeError: an argument of the wrong type (the PER options as
             :class:`~hetero_replay.PEROptions` says; ``weight_norm`` a bool,
-            ``size`` and ``random_seed`` integers), an unknown keyword argument,
-            or a ``mapping`` that is not a :class:`~hetero_replay.mapping.Mapping`.
+            ``size``, ``random_seed`` and ``flush_every`` integers,
+            ``flush_seconds`` a real number, ``durable_path`` a ``str`` or
+            ``os.PathLike``), an unknown keyword argument, or a ``mapping``
+            that is not a :class:`~hetero_replay.mapping.Mapping`.
         ValueError: a value out of range (``size`` < 1, the PER options as
-            :class:`~hetero_replay.PEROptions` says, ``eps`` = 0, ...), or a
+            :class:`~hetero_replay.PEROptions` says, ``eps`` = 0,
+            ``flush_every`` < 1, ``flush_seconds`` not finite and > 0, ...), a
+            ``durable_path`` that exists or lies in no existing folder, or a
             mapping that contradicts ``backend`` or stores transitions off the host.
+        OSError: the first durable point cannot be written to ``durable_path``.
         hetero_replay.mapping.DeviceUnavailableError: the mapping names a
             device this machine lacks.
+
+    Crash recovery: with ``durable_path``, every ``add`` (and ``update``) checks
+    whether ``flush_every`` transitions or ``flush_seconds`` seconds have
+    passed since the last durable point; if so it writes the whole buffer (its
+    rows, episode counters, priorities, max priority, beta and generator states)
+    to that file before returning, atomically: a temporary in the same folder,
+    fsync, rename, fsync of the folder, so the file always holds one complete
+    durable point, whenever the process dies (``kill -9`` and power loss
+    included). :meth:`flush` writes one now. After a crash, :meth:`reopen`
+    gives the buffer of the last durable point, which writes on to the same file.
+    Loss window: what happened after the last durable point, so at most the
+    last ``flush_every`` added transitions or ``flush_seconds`` seconds of adds,
+    whichever is fewer (plus the priority updates since that point); an idle
+    buffer writes nothing, and loses nothing, until its next ``add``. The cost:
+    each point writes every stored transition (with the buffer's lock held), so
+    durable points are meant for buffers that fit in RAM, with ``flush_every``
+    large against the buffer's size; the core engine's disk tier stores bigger
+    buffers incrementally. Durable storage holds NumPy arrays of numbers and
+    booleans (and Batches of them) only: an ``add`` whose new keys hold
+    objects, text or tensors raises ``TypeError`` and changes nothing. One
+    buffer per file: pickled and deep copies write no durable points.
 
     Thread safety: every public operation (``add``, ``update``, ``sample``,
     ``sample_indices``, ``update_weight``, ``init_weight``, ``get_weight``,
     ``self[index]``, ``weight[...]``, ``reset``, ``set_beta``, ``prev``/``next``,
     ``unfinished_index``, ``hasnull``, ``get``, ``set_batch``, ``save_hdf5``,
-    pickling and ``copy.deepcopy``) holds the buffer's re-entrant :attr:`lock`,
+    ``flush``, pickling and ``copy.deepcopy``) holds the buffer's re-entrant :attr:`lock`,
     so calls from several threads take effect one at a time: no row is lost or
     torn (a sampled row never mixes fields of two transitions), and a slot
     counts as stored only once it is written. ``len`` reads a counter without
@@ -705,6 +881,8 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
     ``deepcopy`` copy the buffer under the lock first (one extra copy in memory
     while pickling); ``save_hdf5`` writes under the lock.
     """
+
+    _DURABLE_KIND = "single"
 
     def __init__(
         self,
@@ -720,15 +898,32 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
         weight_norm: bool = False,
         random_seed: int | None = 42,
         mapping: Mapping | None = None,
+        durable_path: str | os.PathLike[str] | None = None,
+        flush_every: int = 10_000,
+        flush_seconds: float = 60.0,
         **kwargs: Any,
     ) -> None:
         size = _count(size, "size")
         per = dict(alpha=alpha, beta=beta, eps=eps, tree=backend, fanout=fanout, stratified=stratified)
         options = _check_arguments(options, per, weight_norm, random_seed, kwargs)
+        schedule = durable.check_schedule(durable_path, flush_every, flush_seconds)
         # Not PrioritizedReplayBuffer.__init__: it builds (and JIT-compiles) a numba
         # SegmentTree that the priorities below replace.
         ReplayBuffer.__init__(self, size, random_seed=_legacy_seed(random_seed), **kwargs)
         self._init_priorities(size, options, weight_norm, random_seed, mapping)
+        self._start_durable(schedule)
+
+    @classmethod
+    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, mapping: Mapping | None) -> Self:
+        # random_seed=None: the file's generator states replace the fresh ones
+        return cls(
+            image.maxsize,
+            options=options,
+            weight_norm=image.weight_norm,
+            random_seed=None,
+            mapping=mapping,
+            **image.storage_options,
+        )
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(1, np.int64), np.array([len(self)], np.int64)
@@ -760,11 +955,13 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
         rows = storable(self, batch, stacked)
         with self._lock:
             staged = stage(self._meta, rows, 1, stacked)
+            self._check_durable_rows(staged)
             priority = self.priorities.new_priority()  # checked before anything is written
             rew, done = staged.rows.rew[0], staged.rows.done[0]  # as stored: float rewards, bool flags
             ptr, ep_return, ep_len, ep_start = (np.array([x]) for x in self._update_state_pre_add(rew, done))
             commit(self, ptr, staged)
             self.priorities.assign_new(ptr, priority)
+            self._added(1)
         return ptr, ep_return, ep_len, ep_start
 
     def update(self, buffer: ReplayBuffer) -> np.ndarray:
@@ -791,6 +988,7 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
             if len(source) == 0:
                 return np.array([], int)
             staged = stage(self._meta, buffer._meta[source], len(source))
+            self._check_durable_rows(staged)
             priority = self.priorities.new_priority()
             ptr = (self._insertion_idx + np.arange(len(source))) % self.maxsize
             commit(self, ptr, staged)
@@ -798,6 +996,7 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
             self._insertion_idx = int(ptr[-1] + 1) % self.maxsize
             self._size = min(self._size + len(source), self.maxsize)
             self.priorities.assign_new(ptr, priority)
+            self._added(len(source))
         return ptr
 
 
@@ -812,18 +1011,29 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
     Args:
         total_size: transitions kept over all sub-buffers.
         buffer_num: number of sub-buffers; at least the number of environments.
-        alpha, beta, eps, backend, fanout, stratified, options, weight_norm, random_seed, mapping, **kwargs:
+        alpha, beta, eps, backend, fanout, stratified, options, weight_norm, random_seed, mapping:
             as in :class:`HeteroPrioritizedReplayBuffer`.
+        durable_path, flush_every, flush_seconds: durable points, as in
+            :class:`HeteroPrioritizedReplayBuffer` (*Crash recovery*); a
+            durable point holds every sub-buffer's rows and insertion and
+            episode state. ``flush_every`` counts transitions: a step of
+            ``buffer_num`` environments adds ``buffer_num``.
+        **kwargs: Tianshou storage options, as in :class:`HeteroPrioritizedReplayBuffer`.
 
     Raises:
-        TypeError, ValueError: as :class:`HeteroPrioritizedReplayBuffer`; also for
+        TypeError, ValueError, OSError: as :class:`HeteroPrioritizedReplayBuffer`; also for
             ``total_size`` and ``buffer_num`` (integers, ``total_size >= buffer_num >= 1``).
+
+    Crash recovery and its loss window: as :class:`HeteroPrioritizedReplayBuffer`;
+    :meth:`reopen` gives the vector buffer of the last durable point.
 
     Thread safety: as :class:`HeteroPrioritizedReplayBuffer`: every public
     operation holds the buffer's re-entrant :attr:`lock` (one lock for all
     sub-buffers), so concurrent calls lose and tear no rows; hold it to make
     several calls atomic; a fork waits for it and gives the child a fresh one.
     """
+
+    _DURABLE_KIND = "vector"
 
     def __init__(
         self,
@@ -840,6 +1050,9 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         weight_norm: bool = False,
         random_seed: int | None = 42,
         mapping: Mapping | None = None,
+        durable_path: str | os.PathLike[str] | None = None,
+        flush_every: int = 10_000,
+        flush_seconds: float = 60.0,
         **kwargs: Any,
     ) -> None:
         buffer_num = _count(buffer_num, "buffer_num")
@@ -847,6 +1060,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
             raise ValueError(f"total_size must be >= buffer_num={buffer_num}, got {total_size!r}")
         per = dict(alpha=alpha, beta=beta, eps=eps, tree=backend, fanout=fanout, stratified=stratified)
         options = _check_arguments(options, per, weight_norm, random_seed, kwargs)
+        schedule = durable.check_schedule(durable_path, flush_every, flush_seconds)
         size = math.ceil(total_size / buffer_num)
         # Non-prioritized children: the manager keeps one tree for all of them, so
         # Tianshou's per-child SegmentTrees (built, then deleted) are never made.
@@ -859,6 +1073,21 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         self._book = book
         self._random_state = np.random.RandomState(_legacy_seed(random_seed))
         self._init_priorities(self.maxsize, options, weight_norm, random_seed, mapping)
+        self._start_durable(schedule)
+
+    @classmethod
+    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, mapping: Mapping | None) -> Self:
+        # maxsize is a multiple of buffer_num, so the sub-buffers get the file's size;
+        # random_seed=None: the file's generator states replace the fresh ones
+        return cls(
+            image.maxsize,
+            image.buffer_num,
+            options=options,
+            weight_norm=image.weight_norm,
+            random_seed=None,
+            mapping=mapping,
+            **image.storage_options,
+        )
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return self._offset, self._offset + self._lengths
@@ -900,12 +1129,16 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
             raise IndexError(f"buffer ids must lie in [0, {self.buffer_num}), got {listed}")
         with self._lock:
             staged = stage(self._meta, rows, len(ids))
+            self._check_durable_rows(staged)
             if len(set(listed)) != len(listed):  # one env twice in a step: Tianshou's sequential add,
-                return super().add(batch, ids)  # which cannot fail half-way on rows that staged
-            priority = self.priorities.new_priority()  # checked before anything is written
-            ptr, ep_return, ep_len, ep_start = add_rows(self, staged, ids)
-            self.priorities.assign_new(ptr, priority)
-        return ptr, ep_return, ep_len, ep_start
+                result = super().add(batch, ids)  # which cannot fail half-way on rows that staged
+            else:
+                priority = self.priorities.new_priority()  # checked before anything is written
+                ptr, ep_return, ep_len, ep_start = add_rows(self, staged, ids)
+                self.priorities.assign_new(ptr, priority)
+                result = ptr, ep_return, ep_len, ep_start
+            self._added(len(ids))
+        return result
 
     def unfinished_index(self) -> np.ndarray:
         """Last stored index of each sub-buffer whose episode is still running.

@@ -9,6 +9,8 @@ through the storages registered in :mod:`hetero_replay.registry`:
 placement  rows live on      storage
 =========  ================  =============================================
 host       cpu               :class:`HostStorage`, NumPy arrays
+shared     cpu               ``SharedStorage``: a file mapping actor processes add to
+disk       cpu               ``DiskStorage``: a ring file, parallel reads, durable points
 pinned     cpu               ``TorchStorage`` in page-locked host memory
 a device   any torch device  ``TorchStorage`` there (``"cpu"``, ``"cuda:1"``, ``"meta"``);
                              registered as ``"torch"``, chosen by the device name
@@ -31,7 +33,7 @@ from hetero_replay.storage.host import HostStorage
 from hetero_replay.storage.schema import Field, Schema
 
 #: Placement names besides device names ("cpu", "cuda", "cuda:1", "meta", ...).
-HOST, PINNED = "host", "pinned"
+HOST, PINNED, SHARED, DISK = "host", "pinned", "shared", "disk"
 
 
 def _torch_check() -> str | None:
@@ -81,7 +83,38 @@ register_storage(
 )
 
 
-def make_storage(placement: str, capacity: int, schema: Schema | Mapping[str, Any]) -> Any:
+def _shared(capacity: int, schema: Schema | Mapping[str, Any], placement: Any, **options: Any) -> Storage:
+    from hetero_replay.storage.shared import SharedStorage
+
+    return SharedStorage(capacity, schema, **options)
+
+
+def _disk(capacity: int, schema: Schema | Mapping[str, Any], placement: Any, **options: Any) -> Storage:
+    from hetero_replay.storage.disk import DiskStorage
+
+    if "path" not in options:
+        raise ValueError("storage='disk' needs storage_options={'path': <a directory for the buffer's files>}")
+    return DiskStorage(capacity, schema, **options)
+
+
+register_storage(
+    SHARED,
+    _shared,
+    devices=("cpu",),
+    threaded=True,
+    description="a file mapping actor processes add rows to (writer()); /dev/shm by default",
+)
+register_storage(
+    DISK,
+    _disk,
+    devices=("cpu",),
+    description="a ring file on local disk, parallel reads, the newest rows in RAM, durable points",
+)
+
+
+def make_storage(
+    placement: str, capacity: int, schema: Schema | Mapping[str, Any], options: Mapping[str, Any] | None = None
+) -> Any:
     """Storage for ``capacity`` transitions of ``schema``, placed by name.
 
     Args:
@@ -97,7 +130,16 @@ def make_storage(placement: str, capacity: int, schema: Schema | Mapping[str, An
     """
     spec = registry.storage_for(placement)
     spec.require(f"storage {placement!r}")
-    return spec.factory(capacity, schema, placement)
+    if not options:
+        return spec.factory(capacity, schema, placement)
+    if not isinstance(options, Mapping):
+        raise TypeError(f"storage_options must be a mapping, got {type(options).__name__}")
+    try:
+        return spec.factory(capacity, schema, placement, **options)
+    except TypeError as e:
+        if "unexpected keyword" in str(e) or "positional argument" in str(e):
+            raise TypeError(f"storage {placement!r} does not take storage_options {dict(options)!r}: {e}") from e
+        raise
 
 
-__all__ = ["HOST", "PINNED", "Field", "HostStorage", "Schema", "Storage", "make_storage"]
+__all__ = ["DISK", "HOST", "PINNED", "SHARED", "Field", "HostStorage", "Schema", "Storage", "make_storage"]

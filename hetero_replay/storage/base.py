@@ -55,6 +55,39 @@ class Storage(Protocol):
         """Release what the storage holds (files, shared memory, device memory)."""
 
 
+@runtime_checkable
+class RingStorage(Storage, Protocol):
+    """A storage that writer processes add rows to: it decides where rows go (see :mod:`.ring`).
+
+    Its owner (:class:`~hetero_replay.replay.PrioritizedReplay`) adds through
+    :meth:`append`, learns of rows other processes added from :meth:`poll`,
+    and serves only rows :meth:`read_intact` vouches for.
+    """
+
+    @property
+    def tickets(self) -> int:
+        """Adds reserved so far by every writer; the ring's next slot is ``tickets % capacity``."""
+
+    @property
+    def committed(self) -> int:
+        """Slots holding a complete row, as of the last :meth:`poll`."""
+
+    def append(self, arrays: Mapping[str, Any]) -> Any:
+        """Add validated rows as the owner's writer; returns the slots committed."""
+
+    def poll(self) -> tuple[Any, Any]:
+        """``(new, gone)`` slots since the last poll: complete new rows, and rows being replaced."""
+
+    def read_intact(self, indices: Any) -> tuple[dict[str, Any], Any]:
+        """Rows at ``indices`` and a mask of those read whole (not being rewritten meanwhile)."""
+
+    def adopt(self, position: int, size: int, arrays: Mapping[str, Any]) -> None:
+        """Hold ``arrays`` (``size`` rows, from a checkpoint) as committed rows of a ring at ``position``."""
+
+    def writer(self) -> Any:
+        """A picklable handle other processes add rows with."""
+
+
 def check_batch(
     schema: Schema,
     capacity: int,
@@ -107,4 +140,4 @@ def _fmt(shape: tuple[Any, ...]) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-__all__ = ["Storage", "check_batch"]
+__all__ = ["RingStorage", "Storage", "check_batch"]

@@ -25,14 +25,17 @@ class HostStorage:
     decided by its owner, see :class:`~hetero_replay.replay.PrioritizedReplay`.
     """
 
-    def __init__(self, capacity: int, schema: Schema | Mapping[str, Any]) -> None:
+    def __init__(self, capacity: int, schema: Schema | Mapping[str, Any], records: np.ndarray | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
         self.schema = schema if isinstance(schema, Schema) else Schema(schema)
         offsets, record_bytes = record_layout(self.schema)
         # np.zeros maps untouched pages lazily: a large buffer costs RAM as it fills.
-        self._records = np.zeros((self.capacity, record_bytes), np.uint8)
+        # `records`: memory someone else mapped (a shared segment), (capacity, record_bytes) uint8.
+        self._records = np.zeros((self.capacity, record_bytes), np.uint8) if records is None else records
+        if self._records.shape != (self.capacity, record_bytes) or self._records.dtype != np.uint8:
+            raise ValueError(f"records must be uint8 of shape {(self.capacity, record_bytes)}")
         self.arrays: dict[str, np.ndarray] = {
             name: np.ndarray(
                 (self.capacity, *field.shape),

@@ -1,0 +1,468 @@
+"""Rows on local disk: a ring file read with parallel ``pread``, the newest rows in RAM, durable points.
+
+``storage="disk"`` keeps rows in ``<path>/rows.dat``, one fixed-size record
+per slot, written as a ring by any number of writer processes (the protocol of
+:mod:`hetero_replay.storage.ring`, whose control block is ``<path>/ring.ctl``).
+Priorities and the tree stay in the learner's RAM.
+
+* **Reads are explicit.** A sampled batch is read with one ``pread`` per row
+  on ``read_threads`` threads (GIL released), never through page faults of a
+  memory map: cold random batches of 256 rows of 28 KB took 132 ms through a
+  map against 12.7 ms with 8-thread ``pread`` on this project's VM. Through the
+  relaxed pipeline (:class:`~hetero_replay.pipeline.RelaxedReplay`) the next
+  batches are read while the learner trains.
+* **The RAM tier is the page cache, bounded.** The newest rows stay cached
+  (``ram_bytes`` of them): every writer's ``pwrite`` goes through it, so it is
+  shared by all processes and coherent with the file by construction. At every
+  durable point the rows that left that window since the last one are dropped
+  from it (``posix_fadvise(DONTNEED)``), so rows written long ago do not hold RAM.
+* **A record carries its ticket at both ends** (``[ticket+1][row][ticket+1]``):
+  a read is served only if both ends and the slot's stamp are the ticket the
+  learner polled, so neither a row being rewritten nor one torn by a crash is
+  ever sampled.
+* **Durable points.** Every ``flush_every`` adds or ``flush_seconds`` seconds
+  (checked at each buffer call), the learner snapshots every slot's priority
+  and stamp, the max priority, the random generator and the ticket count; a
+  background thread then ``fdatasync``-s the row file and writes the snapshot
+  atomically to ``<path>/state.hrp``. After ``kill -9`` of the learner,
+  ``PrioritizedReplay.reopen(path)`` restores that point: every slot whose
+  stamp still equals the snapshot's holds the same complete row; slots
+  rewritten after it are empty. The loss window is the rows added after the
+  last durable point (at most ``flush_every`` adds or ``flush_seconds``
+  seconds, plus the time one write of the snapshot takes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hetero_replay import _native, checkpoint
+from hetero_replay.storage.base import check_batch
+from hetero_replay.storage.host import _cast, _contiguous_strides, record_layout
+from hetero_replay.storage.ring import RingControl, RingOwner, RingReader, RingWriter, pid_alive
+from hetero_replay.storage.schema import Schema
+
+CONTROL_FILE, ROW_FILE, STATE_FILE = "ring.ctl", "rows.dat", "state.hrp"
+#: Between durable points, dirty rows are sent to the disk this often (see :func:`_start_writeback`).
+WRITEBACK_SECONDS = 0.5
+
+
+class RecordFormat:
+    """A row on disk: ``[ticket + 1: int64][the HostStorage record][ticket + 1: int64]``."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        self.offsets, self.row_bytes = record_layout(schema)
+        self.bytes = self.row_bytes + 16
+
+    def _views(self, records: np.ndarray) -> dict[str, np.ndarray]:
+        n = len(records)
+        return {
+            name: np.ndarray(
+                (n, *f.shape),
+                f.dtype,
+                buffer=records,
+                offset=8 + self.offsets[name],
+                strides=(self.bytes, *_contiguous_strides(f.shape, f.dtype.itemsize)),
+            )  # fmt: skip
+            for name, f in self.schema.items()
+        }
+
+    def ends(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ticket stamps at the head and the tail of each record."""
+        head = records[:, :8].copy().view(np.int64).ravel()
+        tail = records[:, -8:].copy().view(np.int64).ravel()
+        return head, tail
+
+    def pack(self, arrays: Mapping[str, np.ndarray], stamps: np.ndarray) -> np.ndarray:
+        records = np.zeros((len(stamps), self.bytes), np.uint8)
+        for name, view in self._views(records).items():
+            view[...] = arrays[name]
+        ends = stamps.astype(np.int64).view(np.uint8).reshape(-1, 8)
+        records[:, :8] = ends
+        records[:, -8:] = ends
+        return records
+
+    def unpack(self, records: np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        views = self._views(records)
+        return {name: np.ascontiguousarray(views[name]) for name in (fields or views)}
+
+
+def _pwrite_runs(
+    fd: int, fmt: RecordFormat, capacity: int, first: int, records: np.ndarray, taken: np.ndarray | None
+) -> None:
+    """Write the records of tickets ``first + k`` (those ``taken``), one ``pwrite`` per contiguous run of slots."""
+    if taken is None:  # the common case: one run, split where the ring wraps
+        slot, head = first % capacity, min(len(records), capacity - first % capacity)
+        _pwrite_all(fd, records[:head], slot * fmt.bytes)
+        _pwrite_all(fd, records[head:], 0)
+        return
+    take, k, n = taken, 0, len(taken)
+    while k < n:
+        if not take[k]:
+            k += 1
+            continue
+        slot = (first + k) % capacity
+        end = k + 1
+        while end < n and take[end] and (first + end) % capacity == slot + (end - k):
+            end += 1
+        _pwrite_all(fd, records[k:end], slot * fmt.bytes)
+        k = end
+
+
+def _pwrite_all(fd: int, records: np.ndarray, offset: int) -> None:
+    if records.size == 0:
+        return
+    data = memoryview(records).cast("B")  # type: ignore[arg-type]
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)
+
+
+def _write_records(
+    fd: int, fmt: RecordFormat, capacity: int, first: int, arrays: Mapping[str, np.ndarray], taken: np.ndarray | None
+) -> None:
+    rows = len(next(iter(arrays.values())))
+    records = fmt.pack(arrays, np.arange(first + 1, first + 1 + rows, dtype=np.int64))
+    _pwrite_runs(fd, fmt, capacity, first, records, taken)
+
+
+class DiskRows:
+    """A writer process's view of a disk ring: the control block mapped, the row file open."""
+
+    def __init__(self, path: str) -> None:
+        self.control = RingControl.attach(os.path.join(path, CONTROL_FILE))
+        self.format = RecordFormat(self.control.schema)
+        self.fd = os.open(os.path.join(path, ROW_FILE), os.O_RDWR)
+
+    def write_rows(self, first: int, arrays: Mapping[str, np.ndarray], taken: np.ndarray | None) -> None:
+        _write_records(self.fd, self.format, self.control.capacity, first, arrays, taken)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.control.close()
+
+
+class DiskStorage(RingOwner):
+    """Rows of a :class:`Schema` in a ring file under ``path``; see the module docstring.
+
+    Args:
+        capacity: rows kept; the oldest ticket's row is overwritten first.
+        schema: the fields of a row.
+        path: a directory for this buffer's files (created if missing). It must
+            not hold a buffer already, unless ``resume``.
+        ram_bytes: RAM for the newest rows (the page-cache window, default 1 GiB).
+        read_threads: threads reading a sampled batch (default 8).
+        flush_every: a durable point after this many adds (default 10,000).
+        flush_seconds: ... or after this many seconds (default 5).
+        resume: reopen the buffer at ``path`` at its last durable point (its
+            capacity and schema must be these); no process of the previous run
+            may still be attached.
+        abandon_after: see :class:`~hetero_replay.storage.ring.RingReader`.
+
+    Raises:
+        TypeError, ValueError: an argument of the wrong type or out of range,
+            naming it; ``path`` holding a buffer without ``resume`` (or none with it).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        schema: Schema | Mapping[str, Any],
+        path: str | os.PathLike[str],
+        ram_bytes: int = 1 << 30,
+        read_threads: int = 8,
+        flush_every: int = 10_000,
+        flush_seconds: float = 5.0,
+        resume: bool = False,
+        abandon_after: float = 5.0,
+    ) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"storage_options path must be a directory path, got {type(path).__name__} {path!r}")
+        _check_int("ram_bytes", ram_bytes, 0)
+        _check_int("read_threads", read_threads, 1)
+        _check_int("flush_every", flush_every, 1)
+        if isinstance(flush_seconds, bool) or not isinstance(flush_seconds, (int, float)) or not flush_seconds > 0:
+            raise ValueError(f"storage_options flush_seconds must be a number > 0, got {flush_seconds!r}")
+        if not isinstance(resume, bool):
+            raise TypeError(f"storage_options resume must be a bool, got {resume!r}")
+        self.schema = schema if isinstance(schema, Schema) else Schema(schema)
+        self.capacity = int(capacity)
+        self.path = Path(path)
+        self.format = RecordFormat(self.schema)
+        self.read_threads, self.flush_every, self.flush_seconds = read_threads, flush_every, float(flush_seconds)
+        self.cache_rows = min(self.capacity, ram_bytes // self.format.bytes)
+        self.path.mkdir(parents=True, exist_ok=True)
+        ctl = self.path / CONTROL_FILE
+        #: ``(header, priorities)`` of the durable point a resumed buffer restores; None otherwise.
+        self.recovered: tuple[dict[str, Any], np.ndarray] | None = None
+        if resume:
+            self.control = self._resume(ctl)
+        else:
+            if ctl.exists():
+                raise ValueError(
+                    f"storage_options path={str(self.path)!r} holds a replay buffer already: reopen it with "
+                    "PrioritizedReplay.reopen(path) (or resume=True), or choose another directory"
+                )
+            self.control = RingControl.create(str(ctl), self.capacity, self.schema, self.format.bytes)
+            fd = os.open(self.path / ROW_FILE, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.ftruncate(fd, self.capacity * self.format.bytes)
+            os.close(fd)
+        self.fd = os.open(self.path / ROW_FILE, os.O_RDWR)
+        self.reader = RingReader(self.control, abandon_after)
+        if self.recovered is not None:
+            self.reader.take_stamps()
+        self._tag = self.control.register(os.getpid())
+        self._flushed_at = (self.control.tickets, time.monotonic())
+        self._trimmed_to = 0  # tickets below this were dropped from the page cache
+        self._flusher: _Flusher | None = None
+
+    def _resume(self, ctl: Path) -> RingControl:
+        if not ctl.exists():
+            raise ValueError(f"storage_options resume=True but {str(self.path)!r} holds no replay buffer")
+        control = RingControl.attach(str(ctl))
+        try:
+            if control.capacity != self.capacity or control.schema != self.schema:
+                raise ValueError(
+                    f"{str(self.path)!r} holds a buffer of capacity {control.capacity} and schema "
+                    f"{control.schema!r}, not {self.capacity} and {self.schema!r}"
+                )
+            live = [int(p) for p in control.writers[:, 0] if p > 0 and pid_alive(int(p))]
+            if live:
+                raise ValueError(
+                    f"{str(self.path)!r} is still attached to running processes {live} (this one is "
+                    f"{os.getpid()}): close or stop them first"
+                )
+            control.writers[:] = 0
+            control.reopen()
+            state = self.path / STATE_FILE
+            if state.exists():
+                header, arrays = checkpoint.read(state)
+                durable = arrays["stamps"]
+                valid = (durable > 0) & (control.stamps == durable)
+                control.stamps[:] = np.where(valid, durable, 0)
+                control.set_tickets(int(header["tickets"]))
+                self.recovered = (header, np.where(valid, arrays["priorities"], 0))
+            else:  # never flushed: nothing is durable
+                control.stamps[:] = 0
+                control.set_tickets(0)
+        except BaseException:
+            control.close()
+            raise
+        return control
+
+    # -- the Storage protocol ---------------------------------------------------------
+
+    def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
+        return check_batch(self.schema, self.capacity, batch, True, np.asarray, _cast)
+
+    def validate_fields(self, fields: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
+        return check_batch(self.schema, self.capacity, fields, False, np.asarray, _cast)
+
+    def _read(self, slots: np.ndarray) -> np.ndarray:
+        records = np.empty((len(slots), self.format.bytes), np.uint8)
+        _native.read_records(self.fd, slots.astype(np.int64) * self.format.bytes, records, self.read_threads)
+        return records
+
+    def gather(self, indices: np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        return self.format.unpack(self._read(np.asarray(indices)), fields)
+
+    def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
+        """Overwrite fields of stored rows in place (their tickets unchanged): read, patch, write."""
+        rows = len(next(iter(arrays.values())))
+        slots = (start + np.arange(rows)) % self.capacity
+        records = self._read(slots)
+        for name, view in self.format._views(records).items():
+            if name in arrays:
+                view[...] = arrays[name]
+        for k, slot in enumerate(slots):
+            os.pwrite(self.fd, memoryview(records[k]).cast("B"), int(slot) * self.format.bytes)
+
+    def export_rows(self, count: int, copy: bool = True) -> dict[str, np.ndarray]:
+        return self.gather(np.arange(count, dtype=np.int64))
+
+    def import_rows(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self.write(0, arrays)
+
+    def view(self, name: str) -> Any:
+        raise NotImplementedError(
+            "the rows of a 'disk' storage live in a file: read them with read_rows / sample, write with write_rows"
+        )
+
+    # -- the ring ------------------------------------------------------------------------
+
+    def write_rows(self, first: int, arrays: Mapping[str, np.ndarray], taken: np.ndarray | None) -> None:
+        _write_records(self.fd, self.format, self.capacity, first, arrays, taken)
+
+    def read_intact(self, indices: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        slots = np.asarray(indices)
+        seen = self.reader.seen[slots]
+        records = self._read(slots)
+        head, tail = self.format.ends(records)
+        ok = self.reader.intact(slots) & (head == seen) & (tail == seen)
+        return self.format.unpack(records), ok
+
+    def adopt(self, position: int, size: int, arrays: Mapping[str, np.ndarray]) -> None:
+        self.reader.adopt(position, size)
+        stamps = self.control.stamps[:size].copy()
+        _pwrite_runs(self.fd, self.format, self.capacity, 0, self.format.pack(arrays, stamps), None)
+
+    def writer(self) -> RingWriter:
+        """A picklable handle actor processes add rows with (see :class:`RingWriter`)."""
+        return RingWriter(DiskRows, {"path": str(self.path)}, self.schema, self.capacity)
+
+    # -- durability -----------------------------------------------------------------------
+
+    def flush_due(self) -> bool:
+        tickets, when = self._flushed_at
+        return self.reader.scanned - tickets >= self.flush_every or time.monotonic() - when >= self.flush_seconds
+
+    def persist(self, header: Mapping[str, Any], priorities: np.ndarray, wait: bool = False) -> None:
+        """Make a durable point of this snapshot: rows synced, then ``state.hrp`` replaced atomically.
+
+        ``header`` and ``priorities`` (every slot's) are the owner's, taken with
+        the stamps under the owner's lock; the disk work runs on a background
+        thread unless ``wait``.
+        """
+        snapshot = (
+            {**header, "rows": checkpoint.RING_ROWS, "tickets": self.reader.scanned},
+            {"priorities": priorities, "stamps": self.reader.seen.copy()},
+        )
+        self._flushed_at = (self.reader.scanned, time.monotonic())
+        if self._flusher is None:
+            self._flusher = _Flusher(self)
+        self._flusher.submit(snapshot, wait)
+
+    def _write_durable(self, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        os.fdatasync(self.fd)
+        checkpoint.write(self.path / STATE_FILE, header, arrays)
+        self._trim_cache(int(header["tickets"]))
+
+    def _trim_cache(self, tickets: int) -> None:
+        """Drop the rows that left the RAM window since the last trim from the page cache (synced pages go).
+
+        Only that slice: a ``DONTNEED`` of the whole file would walk the whole cache at every durable point.
+        """
+        end = tickets - self.cache_rows  # tickets below this are out of the window
+        start = max(self._trimmed_to, end - self.capacity)
+        if end <= start:
+            return
+        b, first, count = self.format.bytes, start % self.capacity, end - start
+        for lo, n in ((first, min(count, self.capacity - first)), (0, count - (self.capacity - first))):
+            if n > 0:
+                os.posix_fadvise(self.fd, lo * b, n * b, os.POSIX_FADV_DONTNEED)
+        self._trimmed_to = end
+
+    @property
+    def closed(self) -> bool:
+        return self.control is None
+
+    def close(self) -> None:
+        """Finish the pending durable point, tell writers the buffer is closed, close the files (they stay)."""
+        if self.control is None:
+            return
+        if self._flusher is not None:
+            self._flusher.stop()
+        self.control.mark_closed()
+        self.control.unregister(self._tag, os.getpid())
+        os.close(self.fd)
+        self.control.close()
+        self.control = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"DiskStorage({str(self.path)!r}, capacity={self.capacity}, cache_rows={self.cache_rows})"
+
+
+class _Flusher:
+    """One background thread writing the latest submitted durable point (a newer one replaces a queued one)."""
+
+    def __init__(self, storage: DiskStorage) -> None:
+        self._storage = storage
+        self._cond = threading.Condition()
+        self._next: Any = None
+        self._busy = False
+        self._stopping = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="hetero-replay-flush", daemon=True)
+        self._thread.start()
+
+    def submit(self, snapshot: Any, wait: bool) -> None:
+        with self._cond:
+            self._raise()
+            self._next = snapshot
+            self._cond.notify_all()
+            if wait:
+                self._cond.wait_for(lambda: self._next is None and not self._busy)
+                self._raise()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise RuntimeError(f"writing a durable point of {self._storage.path} failed: {error!r}") from error
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._cond.wait_for(lambda: self._next is not None or self._stopping, WRITEBACK_SECONDS):
+                    _start_writeback(self._storage.fd)
+                    continue
+                if self._next is None:
+                    return
+                snapshot, self._next, self._busy = self._next, None, True
+            try:
+                self._storage._write_durable(*snapshot)
+            except BaseException as e:  # reported by the next submit
+                self.error = e
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._next is None and not self._busy)
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+        self._raise()
+
+
+def _libc_sync_file_range() -> Any:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):  # not Linux
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return fn
+
+
+_SYNC_FILE_RANGE = _libc_sync_file_range()
+
+
+def _start_writeback(fd: int) -> None:
+    """Start writing the file's dirty pages to the disk, without waiting and without a cache flush.
+
+    So a durable point's ``fdatasync`` finds little left to write: measured on the 44 GB
+    workload, the 5 s of rows it otherwise wrote at once stalled reads for ~200 ms at every
+    durable point. ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; nothing where it does not exist.
+    """
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE; errors are left to the next fdatasync
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"storage_options {name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"storage_options {name} must be >= {minimum}, got {value}")
+
+
+__all__ = ["CONTROL_FILE", "ROW_FILE", "STATE_FILE", "DiskRows", "DiskStorage", "RecordFormat"]
