@@ -24,7 +24,9 @@ Priorities and the tree stay in the learner's RAM.
   (checked at each buffer call), the learner snapshots every slot's priority
   and stamp, the max priority, the random generator and the ticket count; a
   background thread then ``fdatasync``-s the row file and writes the snapshot
-  atomically to ``<path>/state.hrp``. After ``kill -9`` of the learner,
+  atomically to ``<path>/state.hrp``. Between points the same thread starts the
+  write-back of dirty rows every ``WRITEBACK_SECONDS``, so that ``fdatasync``
+  has little left to write and reads do not stall behind it. After ``kill -9`` of the learner,
   ``PrioritizedReplay.reopen(path)`` restores that point: every slot whose
   stamp still equals the snapshot's holds the same complete row; slots
   rewritten after it are empty. The loss window is the rows added after the
