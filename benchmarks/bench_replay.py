@@ -28,10 +28,8 @@ os.environ.setdefault("RL_LOGGING_LEVEL", "WARNING")
 
 import argparse
 import gc
-import importlib.metadata
 import itertools
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -252,7 +250,7 @@ def _learner_step(c: Contender, batch: int, tds: list[Any]) -> Callable[[], None
 def _describe(c: Contender) -> dict[str, Any]:
     return {
         "library": c.library,
-        "version": _version(c.library),
+        "version": report.package_version(c.library),
         "role": c.role,
         "prioritized": c.prioritized,
         "threads": c.threads,
@@ -279,8 +277,8 @@ def machine_info() -> dict[str, Any]:
         "memory_gib": mem_gib,
         "os": platform.platform(),
         "python": platform.python_version(),
-        "versions": {pkg: _version(pkg) for pkg in VERSIONED},
-        "git": _git_revision(),
+        "versions": {pkg: report.package_version(pkg) for pkg in VERSIONED},
+        "git": report.git_revision(),
         "torch_threads": torch.get_num_threads(),
         "replay_threads_default": hetero_replay.num_threads(),
         "thread_env": {k: os.environ.get(k) for k in THREAD_ENV},
@@ -299,31 +297,6 @@ def _caches() -> str | None:
         if kind != "Instruction":
             found.append(f"L{level}{'d' if kind == 'Data' else ''} {size}")
     return ", ".join(found) or None
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _git_revision() -> str | None:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "csrc", "hetero_replay"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return rev + ("+uncommitted core changes" if dirty else "")
 
 
 def _first_line(text: str, limit: int = 300) -> str:

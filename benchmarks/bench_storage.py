@@ -40,13 +40,11 @@ for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import csv
-import importlib.metadata
 import json
 import multiprocessing as mp
 import platform
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import report
 from tqdm import tqdm
 
 import hetero_replay
@@ -725,30 +724,11 @@ def machine_info(directory: Path) -> dict[str, Any]:
         "kernel": platform.release(),
         "os": platform.platform(),
         "python": platform.python_version(),
-        "versions": {pkg: _version(pkg) for pkg in ("hetero-replay", "numpy", "cpprb")},
-        "git": _git_revision(),
+        "versions": {pkg: report.package_version(pkg) for pkg in ("hetero-replay", "numpy", "cpprb")},
+        "git": report.git_revision(),
         "replay_threads_default": hetero_replay.num_threads(),
         "loadavg_start": os.getloadavg(),
     }
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _git_revision() -> str | None:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "csrc", "hetero_replay"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return rev + ("+dirty" if dirty else "")
 
 
 def write(results: dict[str, Any], out: Path, name: str) -> dict[str, Path]:

@@ -8,7 +8,9 @@ by the detail tables; the plot shows learner steps/s against B, one panel per N.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -360,3 +362,33 @@ def plot(results: Results, path: Path) -> bool:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+# -- where a result came from (every benchmark script records these) --------------------------------
+
+
+def package_version(package: str) -> str | None:
+    """The installed version of ``package``, or ``None``."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_revision() -> str | None:
+    """``HEAD``'s short hash, with a mark when the core (csrc/, hetero_replay/) has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "csrc", "hetero_replay"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return rev + ("+uncommitted core changes" if dirty else "")
