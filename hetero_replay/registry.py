@@ -14,14 +14,14 @@ does). Third-party packages register theirs in code::
     import hetero_replay
 
     hetero_replay.register_backend(
-        "fpga", make_fpga_tree, devices=("fpga",), check=fpga_card_present,
-        description="banked K-ary tree on an FPGA card",
+        "asic", make_asic_tree, devices=("asic",), check=asic_card_present,
+        description="sum tree on an ASIC card",
     )
 
 or through an entry point, loaded on the first lookup (like Gymnasium's plugins)::
 
     [project.entry-points."hetero_replay.backends"]
-    fpga = "hetero_replay_fpga:register"      # a callable that calls register_backend
+    asic = "hetero_replay_asic:register"      # a callable that calls register_backend
 
 A plugin that fails to load is skipped with a ``RuntimeWarning`` naming it.
 
@@ -56,6 +56,7 @@ Check = Callable[[], "str | None"]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _DEVICE_TYPE = re.compile(r"[a-z][a-z0-9_]*")
 _DEVICE = re.compile(r"([a-z][a-z0-9_]*)(?::(\d+))?")
+_EMULATED_DEVICE = re.compile(r"[a-z][a-z0-9_]*:[a-z][a-z0-9_]*")  # a named emulation, e.g. "fpga:emu"
 _KNOWN_TORCH = re.compile(r"cpu|cuda(?::\d+)?")  # torch devices recognised without importing torch
 
 
@@ -149,8 +150,21 @@ class BackendSpec(_Spec):
     #: Place in ``backend="auto"``'s order for a device, lower first; ``None``: never chosen by "auto".
     auto_rank: int | None = None
     #: Device types where the factory runs an emulation of the backend's kernels (slow; for tests,
-    #: e.g. cupy's CPU executor): make_tree accepts them without the check; "auto" and Mapping ignore them.
+    #: e.g. cupy's CPU executor), or full device names of an emulation (``"fpga:emu"``): make_tree
+    #: accepts them without the check; "auto" and Mapping ignore them. A backend with a full emulated
+    #: device name picks its default device itself (its factory gets ``device=None`` unchecked): the
+    #: fpga tree runs its emulation without a board.
     emulated_on: tuple[str, ...] = ()
+
+    def emulates(self, device: Any) -> bool:
+        """Whether ``device`` is one of :attr:`emulated_on`: by its type, or by its full name."""
+        name = str(device).strip().lower()
+        return name in self.emulated_on or name.partition(":")[0] in self.emulated_on
+
+    @property
+    def emulated_devices(self) -> tuple[str, ...]:
+        """The full device names of :attr:`emulated_on` (``("fpga:emu",)``), not the device types."""
+        return tuple(d for d in self.emulated_on if ":" in d)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -209,7 +223,8 @@ def register_backend(
         auto_rank: its place in ``backend="auto"``'s order, lower first
             (built-ins: native 0, numpy 10, cupy 20, torch 30); ``None``: "auto"
             never picks it.
-        emulated_on: device types where it runs an emulation, for tests (see :class:`BackendSpec`).
+        emulated_on: device types where it runs an emulation, for tests, or full device names of an
+            emulation (``"fpga:emu"``; see :class:`BackendSpec`).
         threaded: it runs on the threads :func:`hetero_replay.set_num_threads`
             sets (the advisor then tries each thread count).
         override: replace a backend already registered under ``name``.
@@ -228,7 +243,7 @@ def register_backend(
     spec = BackendSpec(
         **_common(name, factory, devices, check, extra, description),
         auto_rank=auto_rank,
-        emulated_on=_device_types(emulated_on, "emulated_on", allow_empty=True),
+        emulated_on=_device_types(emulated_on, "emulated_on", allow_empty=True, allow_named=True),
         threaded=bool(threaded),
     )
     _add(_backends, spec, override)
@@ -290,15 +305,20 @@ def _common(name: Any, factory: Any, devices: Any, check: Any, extra: Any, descr
     }
 
 
-def _device_types(devices: Any, what: str, allow_empty: bool = False) -> tuple[str, ...]:
-    """``devices`` as a tuple of device types (a single string is one type)."""
+def _device_types(devices: Any, what: str, allow_empty: bool = False, allow_named: bool = False) -> tuple[str, ...]:
+    """``devices`` as a tuple of device types (a single string is one type).
+
+    ``allow_named``: also full device names of an emulation, ``"<type>:<name>"`` (``"fpga:emu"``).
+    """
     types = (devices,) if isinstance(devices, str) else tuple(devices)
     if not types and not allow_empty:
         raise ValueError(f"{what} must name at least one device type")
     for t in types:
-        if t != ANY_TORCH_DEVICE and not (isinstance(t, str) and _DEVICE_TYPE.fullmatch(t)):
+        named = allow_named and isinstance(t, str) and _EMULATED_DEVICE.fullmatch(t)
+        if t != ANY_TORCH_DEVICE and not named and not (isinstance(t, str) and _DEVICE_TYPE.fullmatch(t)):
+            also = ", a device name such as 'fpga:emu'" if allow_named else ""
             raise ValueError(
-                f"{what}: a device type is lower-case letters, digits and '_' (e.g. 'cuda', 'fpga'), "
+                f"{what}: a device type is lower-case letters, digits and '_' (e.g. 'cuda', 'fpga'){also}, "
                 f"or ANY_TORCH_DEVICE; got {t!r}"
             )
     return types

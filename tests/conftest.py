@@ -21,6 +21,9 @@ import pytest
 from hetero_replay import registry
 from hetero_replay.trees import backends
 
+#: The board-driver tests run in their own environment (pynq pins numpy<2): ``make test-fpga-board``.
+collect_ignore = ["fpga_board"]
+
 #: The folder holding the toy plugin's package and its .dist-info.
 TOY_PLUGIN = Path(__file__).parent / "plugins" / "toy_backend"
 

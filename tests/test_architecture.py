@@ -13,8 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Bottom-up. A module may import modules of its own layer or below, never above.
 LAYERS = [
-    ("hetero_replay._native", "hetero_replay.registry", "hetero_replay.forksafe"),
-    ("hetero_replay.trees", "hetero_replay.storage", "hetero_replay.checkpoint"),  # checkpoint: the file format
+    ("hetero_replay._native", "hetero_replay._rmm_emu", "hetero_replay.registry", "hetero_replay.forksafe"),
+    (
+        "hetero_replay.trees",
+        "hetero_replay.fpga",
+        "hetero_replay.storage",
+        "hetero_replay.checkpoint",
+    ),  # checkpoint: the file format
     ("hetero_replay.options",),
     ("hetero_replay.priorities",),
     ("hetero_replay.replay", "hetero_replay.torch_batches"),

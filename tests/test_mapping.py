@@ -61,7 +61,7 @@ def test_absent_cuda_is_an_error_naming_the_primitive(kwargs, primitive):
         (dict(sample="cuda", update="cpu"), "sample and update act on one sum tree"),
         (dict(train="gpu"), "train: device must be 'cpu', 'cuda'.* 'cuda:N'.*, got 'gpu'"),  # + plugins' devices
         (dict(storage="tpu"), "storage: device must be"),
-        (dict(tree="fpga"), "tree must be one of"),
+        (dict(tree="asic"), "tree must be one of"),
         (dict(sample="cuda", update="cuda", tree="native"), "runs on the CPU only"),
         (dict(tree="cupy"), "runs on a CUDA device"),
     ],

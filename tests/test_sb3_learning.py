@@ -105,13 +105,16 @@ class EvaluateAndStop(BaseCallback):
         return self.stop_at is None or mean < self.stop_at
 
 
-def train(seed: int, budget: int = BUDGET, stop_at: float | None = THRESHOLD, threads: int = 1) -> Run:
-    """Train PERDQN on CartPole-v1 (``threads`` torch threads) until an evaluation reaches
-    ``stop_at`` or for ``budget`` env steps. Also used by ``benchmarks/learning_pass_rates.py``."""
+def train(
+    seed: int, budget: int = BUDGET, stop_at: float | None = THRESHOLD, threads: int = 1, tree: str = "auto"
+) -> Run:
+    """Train PERDQN on CartPole-v1 (``threads`` torch threads, sum tree ``tree``) until an evaluation
+    reaches ``stop_at`` or for ``budget`` env steps. Also used by ``benchmarks/learning_pass_rates.py``."""
     before = th.get_num_threads()
     th.set_num_threads(threads)
+    buffer = {} if tree == "auto" else dict(replay_buffer_kwargs=dict(tree=tree))
     try:
-        model = PERDQN("MlpPolicy", "CartPole-v1", seed=seed, device="cpu", **HYPERPARAMS)
+        model = PERDQN("MlpPolicy", "CartPole-v1", seed=seed, device="cpu", **HYPERPARAMS, **buffer)
         evaluation = EvaluateAndStop(seed, stop_at)
         model.learn(budget, callback=evaluation)
     finally:
@@ -121,8 +124,9 @@ def train(seed: int, budget: int = BUDGET, stop_at: float | None = THRESHOLD, th
 
 
 @pytest.mark.learning
-def test_perdqn_learns_cartpole_on_most_seeds() -> None:
-    runs = [train(seed) for seed in SEEDS]
+@pytest.mark.parametrize("tree", ["auto", "fpga"])  # the C++ tree; the FPGA RMM's emulation (fixed point)
+def test_perdqn_learns_cartpole_on_most_seeds(tree: str) -> None:
+    runs = [train(seed, tree=tree) for seed in SEEDS]
     report = "\n".join(map(str, runs))
     learned = [run for run in runs if run.reached() is not None]
     assert len(learned) >= NEEDED, f"{len(learned)} of {len(SEEDS)} seeds reached {THRESHOLD:g}:\n{report}"

@@ -1,7 +1,7 @@
 """The mapping advisor: which device should run each PER primitive, for this algorithm on this machine.
 
 Design-space exploration over an analytical model (Zhang, Meng, Prasanna,
-TPDS 2023), in four steps, one module each:
+TPDS 2023), in these steps, one module each:
 
 * :mod:`~hetero_replay.advisor.profile` times every primitive (env step,
   inference, collect, insert, sample, priority update, train) on every usable
@@ -9,6 +9,8 @@ TPDS 2023), in four steps, one module each:
   code; the profile is cached per machine and setup.
 * :mod:`~hetero_replay.advisor.model` predicts env steps/s and learner
   steps/s of a mapping, strict or relaxed (formulas in its docstring).
+* :mod:`~hetero_replay.advisor.devices` adds devices that are not here, from
+  analytical models (the FPGA RMM's cycle model), ranked *predicted only*.
 * :mod:`~hetero_replay.advisor.explore` enumerates every valid mapping from
   the registry and ranks them; :mod:`~hetero_replay.advisor.report` prints,
   saves and plots the ranking.

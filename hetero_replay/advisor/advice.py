@@ -9,7 +9,7 @@ import pathlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from hetero_replay.advisor import explore
+from hetero_replay.advisor import devices, explore
 from hetero_replay.advisor import profile as profiling
 from hetero_replay.advisor.explore import Row
 from hetero_replay.advisor.profile import Profile
@@ -195,6 +195,12 @@ def advise(
     buffer_size=1_000_000, n_envs=1)``), or only a saved ``profile``, possibly
     from another machine (no host library is needed then).
 
+    A profile measured here (or read from the cache) also gets the
+    predicted-only entries of the devices that are not here
+    (:mod:`~hetero_replay.advisor.devices`: the FPGA cycle model, one entry per
+    part that holds ``N``), ranked next to the measured ones; a profile passed
+    in is ranked as it is.
+
     Args:
         workload: a host library's :class:`~hetero_replay.advisor.workload.Workload`.
         lib: ``"sb3"`` or ``"tianshou"``, with ``workload_kwargs`` for its ``make_workload``.
@@ -235,9 +241,15 @@ def advise(
         measured = profiling.collect(
             workload, configs, learners, repeats, _reporter(progress, len(configs) + len(learners))
         )
+        devices.add_modelled(measured)
         if path is not None:
             measured.save(path)
             log.info("profile cached at %s", path)
+    else:  # a profile cached before the device models were: add their entries, and keep them
+        before = len(measured.replay) + len(measured.skipped)
+        devices.add_modelled(measured)
+        if path is not None and len(measured.replay) + len(measured.skipped) != before:
+            measured.save(path)
     return Advice(measured, explore.rank(measured, values), values)
 
 

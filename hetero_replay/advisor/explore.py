@@ -178,7 +178,9 @@ def rank(profile: Profile, staleness: Iterable[int] = (0, 1)) -> list[Row]:
 
     Near-ties (within :data:`TIE` of the fastest) go to the smaller
     staleness, then fewer threads: the same speed with fresher priorities and
-    fewer cores busy.
+    fewer cores busy. The best is a mapping this machine runs: a device that
+    is only modelled (:attr:`Row.predicted_only`) is ranked by its prediction
+    but never tagged best, so ``advice.best`` can always be applied.
     """
     staleness = sorted(set(staleness))
     rows = []
@@ -197,7 +199,8 @@ def rank(profile: Profile, staleness: Iterable[int] = (0, 1)) -> list[Row]:
     if not rows:
         raise ValueError("the profile holds no replay configuration to rank")
     rows.sort(key=lambda r: -r.predicted)
-    near_top = [r for r in rows if r.predicted >= (1 - TIE) * rows[0].predicted]
+    runnable = [r for r in rows if not r.predicted_only] or rows
+    near_top = [r for r in runnable if r.predicted >= (1 - TIE) * runnable[0].predicted]
     best = min(near_top, key=lambda r: (r.candidate.staleness, r.candidate.threads, -r.predicted))
     rows.remove(best)
     rows.insert(0, best)
@@ -216,9 +219,9 @@ def _profiled_default(profile: Profile) -> ReplayConfig | None:
 
 
 def _profiled_baseline(profile: Profile) -> ReplayConfig | None:
-    """The NumPy-tree, one-thread, host, CPU-learner entry; else the slowest strict CPU-learner entry."""
+    """The NumPy-tree, one-thread, host, CPU-learner entry; else the slowest strict CPU-learner entry measured."""
     wanted = baseline_config()
-    entries = [e.config for e in profile.replay]
+    entries = [e.config for e in profile.replay if e.source != MODELLED]
     if wanted in entries:
         return wanted
     cpu = [c for c in entries if c.learner == "cpu"]

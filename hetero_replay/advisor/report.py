@@ -314,7 +314,7 @@ def format_table(
     if not _tagged(rows, "baseline"):
         notes.append("speed-up: no row is tagged 'baseline'")
     if any(r.predicted_only for r in rows):
-        notes.append("predicted only: replay times from an analytical model, not measured here")
+        notes.append("predicted only: replay times from an analytical model of a device not here; never chosen as best")
     if shortened:
         notes.append(_ABBREVIATION_LEGEND)
     if validated:

@@ -25,10 +25,14 @@ MIN_ENV_STEPS = 1000
 
 
 def choose(advice: Advice, top: int = 3, everything: bool = False) -> list[Row]:
-    """The rows to validate: the ``top`` ranked, the default and the baseline (or every row)."""
+    """The rows to validate: the ``top`` ranked, the default and the baseline (or every row).
+
+    Predicted-only rows (a modelled device, not on this machine) cannot be trained here and are left out.
+    """
+    runnable = [r for r in advice.rows if not r.predicted_only]
     if everything:
-        return list(advice.rows)
-    chosen = list(advice.rows[: max(1, top)])
+        return runnable
+    chosen = runnable[: max(1, top)]
     for tag in ("default", "baseline"):
         row = advice.row(tag)
         if row is not None and row not in chosen:

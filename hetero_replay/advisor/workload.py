@@ -90,6 +90,9 @@ class ReplayConfig:
         storage: ``"host"``, ``"pinned"``, another registered storage, or a device (``"cpu"``, ``"cuda:0"``).
         tree_device: where the tree runs (``sample`` and ``update``).
         learner: where the network trains and acts (``train`` and ``inference``).
+        label: which modelled device this is, for a configuration an analytical model
+            predicts (:mod:`~hetero_replay.advisor.devices`: the FPGA part and its clock);
+            empty for what is measured here.
     """
 
     tree: str
@@ -97,12 +100,14 @@ class ReplayConfig:
     storage: str
     tree_device: str = "cpu"
     learner: str = "cpu"
+    label: str = ""
 
     @property
     def key(self) -> str:
-        """A short unique name: ``"native x2 | host | tree cpu | learner cpu"``."""
+        """A short unique name: ``"native x2 | host | tree cpu | learner cpu"`` (``"fpga [label] | ..."`` when modelled)."""
         threads = f" x{self.threads}" if self.threads > 1 else ""
-        return f"{self.tree}{threads} | {self.storage} | tree {self.tree_device} | learner {self.learner}"
+        label = f" [{self.label}]" if self.label else ""
+        return f"{self.tree}{threads}{label} | {self.storage} | tree {self.tree_device} | learner {self.learner}"
 
     def mapping(self, check: bool = False) -> Mapping:
         """The :class:`~hetero_replay.mapping.Mapping` placing the primitives this way."""
@@ -112,11 +117,14 @@ class ReplayConfig:
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not self.label:
+            del data["label"]  # measured configurations keep the file layout they always had
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReplayConfig:
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name != "label" or f.name in data})
 
 
 @dataclasses.dataclass(frozen=True, order=True)

@@ -11,6 +11,9 @@ numpy     cpu               vectorised NumPy: the readable reference every backe
 torch     any torch device  torch tensor ops (usable when torch is installed)
 cupy      cuda              CUDA kernels loaded through CuPy (usable with CuPy and a CUDA
                             device: ``pip install hetero-replay[cuda]``)
+fpga      fpga              the FPGA RMM (``hls/``), fixed-point leaves and exact integer
+                            sums: on a PYNQ board (``HETERO_REPLAY_FPGA_BITFILE``), else
+                            its bit-exact emulation (device ``"fpga:emu"``)
 ========  ================  ====================================================
 
 Other packages add theirs with :func:`hetero_replay.registry.register_backend`
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from typing import Any
 
 from hetero_replay import registry
@@ -50,6 +54,23 @@ def _cupy(capacity: int, fanout: int, dtype: Any, device: Any = None) -> SumTree
     from hetero_replay.trees.cupy_tree import CupySumTree
 
     return CupySumTree(capacity, fanout, dtype, device)
+
+
+def _fpga(capacity: int, fanout: int, dtype: Any, device: Any = None) -> SumTree:
+    from hetero_replay.trees.fpga_tree import FpgaSumTree, resolve_device
+
+    return FpgaSumTree(capacity, fanout, dtype, resolve_device(device))
+
+
+def _fpga_check() -> str | None:
+    """A board is what makes "fpga" devices present; the emulation (device "fpga:emu") needs none."""
+    from hetero_replay.trees.fpga_tree import BITFILE_ENV
+
+    if not os.environ.get(BITFILE_ENV):
+        return f"no FPGA board ({BITFILE_ENV} is not set); tree='fpga' runs the emulation, device 'fpga:emu'"
+    if importlib.util.find_spec("pynq") is None:
+        return f"{BITFILE_ENV} is set, but pynq is not installed"
+    return None
 
 
 def _torch_check() -> str | None:
@@ -111,6 +132,16 @@ register_backend(
     description="CUDA kernels (NVRTC) launched through CuPy",
 )
 
+register_backend(
+    "fpga",
+    _fpga,
+    devices=("fpga",),
+    check=_fpga_check,
+    extra="fpga",
+    emulated_on=("fpga:emu",),
+    description="FPGA RMM (HLS): fixed-point leaves, exact integer sums; emulated without a board",
+)
+
 
 def make_tree(
     backend: str = "auto", capacity: int = 1, fanout: int = 16, dtype: Any = "float32", device: Any = None
@@ -128,8 +159,10 @@ def make_tree(
         dtype: ``"float32"`` (default) or ``"float64"`` leaf values.
         device: where the tree lives, a device the backend runs on (``"torch"``:
             any torch device; ``"cupy"``: a CUDA device, or ``"cpu"`` for its
-            slow CPU executor). ``None`` is the backend's default: the CPU (and
-            the current CUDA device for ``"cupy"``).
+            slow CPU executor; ``"fpga"``: a board ``"fpga:N"``, or its
+            emulation ``"fpga:emu"``). ``None`` is the backend's default: the
+            CPU (the current CUDA device for ``"cupy"``; for ``"fpga"`` the
+            board when ``HETERO_REPLAY_FPGA_BITFILE`` is set, else the emulation).
 
     Raises:
         ValueError: an unknown backend (the message lists the registered
@@ -141,7 +174,9 @@ def make_tree(
     if backend == "auto":
         return _auto(capacity, fanout, dtype, device)
     spec = registry.backend_spec(backend)
-    if device is not None and str(device).partition(":")[0] in spec.emulated_on:
+    if device is not None and spec.emulates(device):
+        return spec.factory(capacity, fanout, dtype, device)
+    if device is None and spec.emulated_devices:  # it picks its default itself: the hardware, or its emulation
         return spec.factory(capacity, fanout, dtype, device)
     if device is not None and not spec.runs_on(device):
         raise ValueError(

@@ -61,6 +61,14 @@ def check_fanout(value: Any) -> int:
     return int(value)
 
 
+def as_1d(values: Any, what: str) -> np.ndarray:
+    """``values`` as a 1-D array; ``ValueError`` naming ``what`` otherwise."""
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be 1-D, got {arr.ndim}-D")
+    return arr
+
+
 def check_tree_args(capacity: Any, fanout: Any, dtype: Any) -> tuple[int, int, np.dtype]:
     """Validated ``(capacity, fanout, dtype)`` of a tree; ``TypeError``/``ValueError`` naming the argument."""
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
@@ -210,3 +218,17 @@ class TreeBase:
 
     def min(self) -> float:
         return float(self._min)
+
+    def _require_mass(self) -> None:
+        if not self._total > 0:
+            raise ValueError("the tree holds no priority mass (all priorities are 0)")
+
+    def _checked_masses(self, mass: Any) -> np.ndarray:
+        """``mass`` (host values) as float64, each in ``[0, total)``; ``ValueError`` naming the first outside."""
+        self._require_mass()
+        m = as_1d(mass, "mass").astype(np.float64)
+        bad = np.flatnonzero(~((m >= 0) & (m < self._total)))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"mass at position {i} is {m[i]}, outside [0, total={self._total})")
+        return m

@@ -299,15 +299,7 @@ class CupySumTree(TreeBase):
         return self._kernels.to_host(self._values[0][: self._capacity])
 
     def find(self, mass: Any) -> np.ndarray:
-        self._require_mass()
-        m = np.asarray(_host(mass))
-        if m.ndim != 1:
-            raise ValueError(f"mass must be 1-D, got {m.ndim}-D")
-        m = m.astype(np.float64)
-        bad = np.flatnonzero(~((m >= 0) & (m < self._total)))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"mass at position {i} is {m[i]}, outside [0, total={self._total})")
+        m = self._checked_masses(_host(mass))
         xp = self._kernels.xp
         out = xp.empty(m.size, np.int64)
         args = (m.size, self._upload(m), self._values[0], self._table, self.num_levels, out)
@@ -371,10 +363,6 @@ class CupySumTree(TreeBase):
         )
 
     # -- internals -----------------------------------------------------------------
-
-    def _require_mass(self) -> None:
-        if not self._total > 0:
-            raise ValueError("the tree holds no priority mass (all priorities are 0)")
 
     def _children(self, level: int) -> tuple[Any, Any]:
         """Minima and prefix-sum arrays of the children of ``level`` (None for leaves)."""

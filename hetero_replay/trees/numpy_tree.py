@@ -26,19 +26,12 @@ from typing import Any
 import numpy as np
 
 from hetero_replay import _native
-from hetero_replay.trees.base import TreeBase, describe_max_leaf, max_leaf
-
-
-def _as_1d(values: Any, what: str) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{what} must be 1-D, got {arr.ndim}-D")
-    return arr
+from hetero_replay.trees.base import TreeBase, as_1d, describe_max_leaf, max_leaf
 
 
 def as_indices(indices: Any, capacity: int) -> np.ndarray:
     """Indices in ``[0, capacity)`` as int64, or ``TypeError``/``IndexError`` naming the first bad one."""
-    arr = _as_1d(indices, "indices")
+    arr = as_1d(indices, "indices")
     if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"indices must be integers, got dtype {arr.dtype}")
     arr = arr.astype(np.int64, copy=False)
@@ -56,7 +49,7 @@ def as_priorities(values: Any, dtype: np.dtype, capacity: int, n: int | None = N
     :func:`~hetero_replay.trees.base.max_leaf` of a tree of ``capacity``
     leaves: NaN, inf and values whose sums would overflow the tree are refused.
     """
-    arr = _as_1d(values, "priorities")
+    arr = as_1d(values, "priorities")
     if arr.size and arr.dtype.kind not in "fiu":
         raise TypeError(f"priorities must be real numbers, got dtype {arr.dtype}")
     if n is not None and arr.size != n:
@@ -80,7 +73,7 @@ def priorities_from_td(
     A TD error must be a finite magnitude ``>= 0`` whose priority a tree of
     ``capacity`` leaves accepts (see :func:`~hetero_replay.trees.base.max_leaf`).
     """
-    td = _as_1d(td_errors, "td_errors")
+    td = as_1d(td_errors, "td_errors")
     if td.size and td.dtype.kind not in "fiu":
         raise TypeError(f"td_errors must be real numbers, got dtype {td.dtype}")
     if td.size != n:
@@ -161,12 +154,7 @@ class NumpySumTree(TreeBase):
         return self._values[0][: self._capacity].copy()
 
     def find(self, mass: Any) -> np.ndarray:
-        self._require_mass()
-        m = _as_1d(mass, "mass").astype(np.float64)
-        bad = np.flatnonzero(~((m >= 0) & (m < self._total)))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"mass at position {i} is {m[i]}, outside [0, total={self._total})")
+        m = self._checked_masses(mass)
         return self._descend(m)
 
     def sample(
@@ -184,10 +172,6 @@ class NumpySumTree(TreeBase):
         return idx, _native.is_weights(self._values[0][idx], self._min, beta)
 
     # -- internals -----------------------------------------------------------------
-
-    def _require_mass(self) -> None:
-        if not self._total > 0:
-            raise ValueError("the tree holds no priority mass (all priorities are 0)")
 
     def _group(self, level: int, nodes: np.ndarray) -> np.ndarray:
         """The child groups of `nodes` (a level above `level`), shape (n, fanout)."""

@@ -195,15 +195,7 @@ class TorchSumTree(TreeBase):
         return self._values[0][: self._capacity].to("cpu", copy=True).numpy()
 
     def find(self, mass: Any) -> np.ndarray:
-        self._require_mass()
-        m = np.asarray(_host(mass))
-        if m.ndim != 1:
-            raise ValueError(f"mass must be 1-D, got {m.ndim}-D")
-        m = m.astype(np.float64)
-        bad = np.flatnonzero(~((m >= 0) & (m < self._total)))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"mass at position {i} is {m[i]}, outside [0, total={self._total})")
+        m = self._checked_masses(_host(mass))
         return self._descend(self._to_device(m)).cpu().numpy()
 
     def sample(
@@ -288,10 +280,6 @@ class TorchSumTree(TreeBase):
         if t.numel() and (t.is_complex() or t.dtype == torch.bool):
             raise TypeError(f"{what} must be real numbers, got dtype {t.dtype}")
         return t.to(self._device)
-
-    def _require_mass(self) -> None:
-        if not self._total > 0:
-            raise ValueError("the tree holds no priority mass (all priorities are 0)")
 
     def _apply_checked(
         self,
