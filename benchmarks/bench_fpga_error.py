@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "git": report.git_revision(),
             "python": platform.python_version(),
             "numpy": np.__version__,
-            "cpu": _cpu(),
+            "cpu": report.cpu_model(),
             "hetero_replay": report.package_version("hetero-replay"),
         },
         "results": measure(args.capacity, args.device, args.seed, args.alpha, args.eps),
@@ -246,15 +246,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         x["within_bound"] for x in results["results"]["weights"]
     )
     return 0 if ok else 1
-
-
-def _cpu() -> str:
-    """The CPU's model name (Linux), else what platform reports."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -101,7 +101,7 @@ def run(capacities: Sequence[int], batches: Sequence[int], repeats: int, min_tim
     return {
         "machine": {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "cpu": _cpu(),
+            "cpu": report.cpu_model(),
             "cores": cores,
             "python": platform.python_version(),
             "numpy": np.__version__,
@@ -173,16 +173,6 @@ def _latencies() -> dict[str, int]:
              "WRITE_RESULT_LATENCY", "LEAF_WRITE_LATENCY", "REFRESH_WRITE_LATENCY", "GET_LATENCY", "CLEAR_LATENCY",
              "TRAILER_READ_LATENCY")  # fmt: skip
     return {name: getattr(cm, name) for name in names}
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # -- report ------------------------------------------------------------------------------------------

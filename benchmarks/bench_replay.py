@@ -260,15 +260,7 @@ def _describe(c: Contender) -> dict[str, Any]:
 
 def machine_info() -> dict[str, Any]:
     """Where and with what this run happens: CPU, memory, versions, thread settings, load."""
-    cpu = platform.processor() or platform.machine()
-    mem_gib = None
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name"))
-        meminfo = Path("/proc/meminfo").read_text().split()
-        mem_gib = round(int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20, 1)
-    except (OSError, StopIteration, ValueError):
-        pass  # not Linux: keep what platform reports
+    cpu, mem_gib = report.cpu_model(), report.memory_gib()
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu": cpu,

@@ -703,13 +703,7 @@ def _phase(
 
 def machine_info(directory: Path) -> dict[str, Any]:
     """CPU, cores, memory, the disk under ``directory``, kernel, versions, git revision, load."""
-    cpu = platform.processor() or platform.machine()
-    mem_gib = None
-    with suppress(OSError, StopIteration, ValueError):
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name"))
-        meminfo = Path("/proc/meminfo").read_text().split()
-        mem_gib = round(int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20, 1)
+    cpu, mem_gib = report.cpu_model(), report.memory_gib()
     disk = shutil.disk_usage(directory)
     shm = shutil.disk_usage("/dev/shm") if Path("/dev/shm").is_dir() else None
     return {

@@ -8,8 +8,10 @@ by the detail tables; the plot shows learner steps/s against B, one panel per N.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
+import platform
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -365,6 +367,22 @@ def plot(results: Results, path: Path) -> bool:
 
 
 # -- where a result came from (every benchmark script records these) --------------------------------
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux ``/proc/cpuinfo``), else what :mod:`platform` reports."""
+    with contextlib.suppress(OSError, StopIteration):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    return platform.processor() or platform.machine()
+
+
+def memory_gib() -> float | None:
+    """Total RAM in GiB (Linux ``/proc/meminfo``), or ``None``."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        meminfo = Path("/proc/meminfo").read_text().split()
+        return round(int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20, 1)
+    return None
 
 
 def package_version(package: str) -> str | None:
