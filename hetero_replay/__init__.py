@@ -10,6 +10,7 @@ from importlib import metadata as _metadata
 
 from hetero_replay._native import num_threads, set_num_threads
 from hetero_replay.checkpoint import ReplayFileError
+from hetero_replay.distributed import ShardedReplay  # Ray is imported when one is built
 from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions
 from hetero_replay.pipeline import RelaxedReplay
 from hetero_replay.priorities import Priorities
@@ -36,6 +37,7 @@ __all__ = [
     "RelaxedReplay",
     "ReplayFileError",
     "Sample",
+    "ShardedReplay",
     "Schema",
     "SumTree",
     "DeviceTree",

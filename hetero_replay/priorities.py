@@ -21,7 +21,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from hetero_replay import _native
-from hetero_replay.options import PEROptions, check_alpha, check_beta, check_eps, check_floor
+from hetero_replay.options import PEROptions, check_alpha, check_beta, check_eps, check_floor, real
 from hetero_replay.trees import SumTree, make_tree
 from hetero_replay.trees.base import describe_max_leaf
 
@@ -157,20 +157,41 @@ class Priorities:
             self._epoch += 1
             self._written_at[_host(indices)] = self._epoch
 
-    def overwritten_since(self, indices: Any, epoch: int) -> np.ndarray | None:
+    def overwritten_since(self, indices: Any, epoch: int | np.ndarray) -> np.ndarray | None:
         """Mask of ``indices`` whose slot was written after ``epoch``; ``None`` when none was.
 
-        Needs :meth:`track_writes`. Indices out of range are left for the update to refuse.
+        ``epoch`` is one epoch for all entries or one per entry (a sharded
+        replay's indices each carry their own). Needs :meth:`track_writes`.
+        Indices out of range are left for the update to refuse.
         """
         if self._written_at is None:
             raise RuntimeError("overwritten_since needs track_writes() first")
-        if epoch >= self._epoch:
+        per_entry = np.ndim(epoch) > 0
+        if not per_entry and epoch >= self._epoch:
             return None
         idx = np.asarray(_host(indices))
         inside = (idx >= 0) & (idx < self.capacity)
         stale = np.zeros(idx.shape, bool)
-        stale[inside] = self._written_at[idx[inside]] > epoch
+        since = np.asarray(epoch)[inside] if per_entry else epoch
+        stale[inside] = self._written_at[idx[inside]] > since
         return stale if stale.any() else None
+
+    def lift_max(self, value: float) -> None:
+        """Raise the max priority to at least ``value`` (a finite positive number the tree can hold as ``value ** alpha``).
+
+        A sharded replay keeps one max over its shards: each shard is told the
+        global one, so its new transitions get the priority a single buffer
+        would give them. Refused values change nothing.
+        """
+        value = real("max_priority", value)
+        if value <= self._max_priority:
+            return
+        old, self._max_priority = self._max_priority, value
+        try:
+            self.new_priority()
+        except ValueError:
+            self._max_priority = old
+            raise
 
     def snapshot(self, indices: Any) -> PrioritySnapshot:
         """The priorities of ``indices`` and the max priority, for :meth:`restore`."""

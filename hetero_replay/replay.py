@@ -441,12 +441,12 @@ class PrioritizedReplay:
         return self.priorities.write_epoch
 
     def update_priorities_since(
-        self, indices: Any, td_errors: Any, epoch: int, keep_undo: bool = False
+        self, indices: Any, td_errors: Any, epoch: int | np.ndarray, keep_undo: bool = False
     ) -> tuple[int, PrioritySnapshot | None]:
         """:meth:`update_priorities` for a batch drawn at write ``epoch``, skipping rewritten slots.
 
         Entries whose slot was written after ``epoch`` (it holds another
-        transition now) are dropped. With ``keep_undo``, returns a snapshot
+        transition now) are dropped; ``epoch`` may be one per entry. With ``keep_undo``, returns a snapshot
         that :meth:`restore_priorities` undoes the update with. Returns
         ``(entries dropped, snapshot or None)``; errors as :meth:`update_priorities`
         (positions then count the entries not dropped), and nothing changes on error.
@@ -465,6 +465,30 @@ class PrioritizedReplay:
                 snapshot = self.priorities.snapshot(tree_indices)
             self._update(indices, td_errors)
             return dropped, snapshot
+
+    def lift_max_priority(self, value: float) -> None:
+        """Raise :attr:`max_priority` to at least ``value`` (see :meth:`Priorities.lift_max`); nothing changes on error."""
+        with self._lock:
+            self.priorities.lift_max(value)
+
+    def gather_at(self, masses: Any) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+        """The transitions at cumulative priority ``masses`` (each in ``[0, tree.total())``).
+
+        The descent step of :meth:`sample` for callers that draw their own
+        uniforms: a sharded replay draws over the global total and sends each
+        shard its offsets. Returns ``(rows, indices, priorities)``, the
+        priorities being the tree's leaves ``p ** alpha`` (IS weights are the
+        caller's, who knows the global minimum). Host storages only; a mass
+        outside ``[0, total)`` raises ``ValueError`` naming its position.
+        """
+        with self._lock:
+            if self._batches is not None:
+                raise TypeError("gather_at serves host batches; this buffer serves torch tensors")
+            if self._ring is not None:
+                self._sync()
+            indices = np.asarray(self.tree.find(masses), dtype=np.int64)
+            rows = self._ring.read_intact(indices)[0] if self._ring is not None else self.storage.gather(indices)
+            return rows, indices, np.asarray(self.tree.get(indices))
 
     def restore_priorities(self, snapshot: PrioritySnapshot) -> None:
         """Undo an update (see :meth:`update_priorities_since`) exactly; later updates of the same slots too."""

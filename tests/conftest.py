@@ -51,6 +51,20 @@ def make_batch(n: int, start: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[object]:
+    """A local Ray instance (2 CPUs, as CI has) for one test module, shut down after it.
+
+    Per module, not per session: Ray's threads and exit hooks must not be alive while other
+    modules fork processes.
+    """
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="hetero_replay", log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
 @pytest.fixture(params=CPU_BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param

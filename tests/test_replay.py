@@ -199,3 +199,48 @@ def test_bad_construction(kwargs, match):
     args = dict(capacity=10, schema=SCHEMA) | kwargs
     with pytest.raises(ValueError, match=match):
         PrioritizedReplay(**args)
+
+
+# -- what a sharded replay's shards need of the engine ------------------------------------------------
+
+
+def test_gather_at_descends_at_the_given_masses_and_refuses_masses_outside_the_total() -> None:
+    buf = PrioritizedReplay(16, SCHEMA, alpha=1.0, eps=0.0, seed=0)
+    buf.add(make_batch(8))
+    buf.update_priorities(np.arange(8), np.arange(1, 9, dtype=np.float64))  # total 36
+    rows, idx, prio = buf.gather_at(np.array([0.0, 0.99, 1.0, 35.9]))
+    np.testing.assert_array_equal(idx, [0, 0, 1, 7])
+    np.testing.assert_array_equal(prio, [1, 1, 2, 8])
+    np.testing.assert_array_equal(rows["action"], [0, 0, 1, 7])
+    state = str(buf.rng.bit_generator.state), buf.priorities.leaves().tobytes()
+    for bad in ([36.0], [-1.0], [np.nan]):
+        with pytest.raises(ValueError, match="mass at position 0"):
+            buf.gather_at(np.array(bad))
+    assert (str(buf.rng.bit_generator.state), buf.priorities.leaves().tobytes()) == state
+
+
+def test_lift_max_priority_only_raises_and_refuses_bad_values() -> None:
+    buf = PrioritizedReplay(16, SCHEMA, alpha=1.0, seed=0)
+    buf.lift_max_priority(5.0)
+    buf.lift_max_priority(2.0)
+    assert buf.max_priority == 5.0
+    for bad, error in ((np.nan, ValueError), (np.inf, ValueError), ("3", TypeError), (1e300, ValueError)):
+        with pytest.raises(error, match="max_priority|priority"):
+            buf.lift_max_priority(bad)  # type: ignore[arg-type]
+    assert buf.max_priority == 5.0
+    buf.add(make_batch(2))
+    np.testing.assert_array_equal(buf.priorities.leaves()[:2], [5.0, 5.0])
+
+
+def test_update_priorities_since_takes_one_epoch_per_entry() -> None:
+    buf = PrioritizedReplay(4, SCHEMA, alpha=1.0, eps=0.0, seed=0)
+    epoch0 = buf.track_writes()
+    buf.add(make_batch(4))
+    epoch1 = buf.write_epoch
+    buf.add(make_batch(1, start=10))  # rewrites slot 0
+    dropped, _ = buf.update_priorities_since(
+        np.array([0, 1, 0]), np.array([7.0, 8.0, 9.0]), np.array([epoch1, epoch1, buf.write_epoch])
+    )
+    assert dropped == 1  # slot 0 as drawn at epoch1 held another row; at the current epoch it is the same row
+    np.testing.assert_array_equal(buf.priorities.leaves()[:2], [9.0, 8.0])
+    assert epoch0 == 0

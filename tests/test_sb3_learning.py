@@ -106,13 +106,18 @@ class EvaluateAndStop(BaseCallback):
 
 
 def train(
-    seed: int, budget: int = BUDGET, stop_at: float | None = THRESHOLD, threads: int = 1, tree: str = "auto"
-) -> Run:
-    """Train PERDQN on CartPole-v1 (``threads`` torch threads, sum tree ``tree``) until an evaluation
-    reaches ``stop_at`` or for ``budget`` env steps. Also used by ``benchmarks/learning_pass_rates.py``."""
+    seed: int, budget: int = BUDGET, stop_at: float | None = THRESHOLD, threads: int = 1, tree: str = "auto",
+    shards: int = 0,
+) -> Run:  # fmt: skip
+    """Train PERDQN on CartPole-v1 (``threads`` torch threads, sum tree ``tree``; with ``shards``, a
+    ``ShardedReplay`` of that many shards on Ray) until an evaluation reaches ``stop_at`` or for
+    ``budget`` env steps. Also used by ``benchmarks/learning_pass_rates.py``."""
     before = th.get_num_threads()
     th.set_num_threads(threads)
-    buffer = {} if tree == "auto" else dict(replay_buffer_kwargs=dict(tree=tree))
+    kwargs: dict = {} if tree == "auto" else dict(tree=tree)
+    if shards:
+        kwargs["distributed"] = dict(num_shards=shards)
+    buffer = dict(replay_buffer_kwargs=kwargs) if kwargs else {}
     try:
         model = PERDQN("MlpPolicy", "CartPole-v1", seed=seed, device="cpu", **HYPERPARAMS, **buffer)
         evaluation = EvaluateAndStop(seed, stop_at)
@@ -120,13 +125,23 @@ def train(
     finally:
         th.set_num_threads(before)
     buf = model.replay_buffer
-    return Run(seed, model.num_timesteps, evaluation.curve, buf.beta, buf.max_priority, model._n_updates)
+    run = Run(seed, model.num_timesteps, evaluation.curve, buf.beta, buf.max_priority, model._n_updates)
+    if shards:
+        buf.replay.close()  # the shards' actors
+    return run
 
 
 @pytest.mark.learning
-@pytest.mark.parametrize("tree", ["auto", "fpga"])  # the C++ tree; the FPGA RMM's emulation (fixed point)
-def test_perdqn_learns_cartpole_on_most_seeds(tree: str) -> None:
-    runs = [train(seed, tree=tree) for seed in SEEDS]
+@pytest.mark.parametrize(
+    "tree, shards",
+    # The C++ tree; the FPGA RMM's emulation (fixed point); a 2-shard ShardedReplay on a local Ray instance.
+    [("auto", 0), ("fpga", 0), ("auto", 2)],
+    ids=["native", "fpga", "2-shards"],
+)
+def test_perdqn_learns_cartpole_on_most_seeds(tree: str, shards: int, request: pytest.FixtureRequest) -> None:
+    if shards:
+        request.getfixturevalue("ray_local")
+    runs = [train(seed, tree=tree, shards=shards) for seed in SEEDS]
     report = "\n".join(map(str, runs))
     learned = [run for run in runs if run.reached() is not None]
     assert len(learned) >= NEEDED, f"{len(learned)} of {len(SEEDS)} seeds reached {THRESHOLD:g}:\n{report}"

@@ -34,7 +34,7 @@ from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.utils import get_device
 from stable_baselines3.common.vec_env import VecNormalize
 
-from hetero_replay import UNSET, Field, PEROptions, PrioritizedReplay, Schema
+from hetero_replay import UNSET, Field, PEROptions, PrioritizedReplay, Schema, ShardedReplay
 from hetero_replay.forksafe import OUTER, ForkSafeLock
 from hetero_replay.mapping import Mapping, one_policy_mapping
 from hetero_replay.pipeline import RelaxedReplay, check_staleness
@@ -144,6 +144,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             ``path=`` a directory, required; ``resume=True`` continues from the
             buffer a killed run left there, at its last durable point: ``pos``
             and ``full`` follow it). See :class:`hetero_replay.PrioritizedReplay`.
+        distributed: keep the transitions in a
+            :class:`~hetero_replay.distributed.ShardedReplay` (Ray actors, on
+            this machine or a cluster) instead of a local engine, sampled
+            exactly from the global distribution. Either a dict of its keyword
+            arguments (``num_shards`` required; ``address``, ``checkpoint_dir``,
+            ``storage``, ...; the capacity ``buffer_size`` is split evenly over the
+            shards; the PER options and ``seed`` are this buffer's), or a ready
+            ``ShardedReplay`` whose schema is this buffer's (then its own
+            options apply). Not with ``optimize_memory_usage``, ``staleness >= 1``,
+            ``mapping`` or ``storage``; the array attributes (``observations``,
+            ...) are not available, and ``save_replay_buffer`` is refused
+            (shards checkpoint themselves).
 
     With device batches (storage on a device, or a learner off the CPU), the
     sampled tensors come from the core engine untouched, the ``indices`` are a
@@ -192,10 +204,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         prefetch: int = 1,
         storage: str = "host",
         storage_options: dict[str, Any] | None = None,
+        distributed: Any = None,
     ) -> None:
         # The PER options are checked by PEROptions; these arguments are the
         # adapter's own (or would reach NumPy unnamed).
         _check_int("buffer_size", buffer_size, minimum=1)
+        _check_distributed(distributed, optimize_memory_usage, staleness, mapping, storage)
+        self._distributed = distributed
         self.staleness = check_staleness(staleness)
         self.prefetch = check_staleness(prefetch, "prefetch")
         if self.prefetch < 1:
@@ -247,7 +262,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if seed is None:
             seed = int(np.random.randint(2**31 - 1))
         self._replay = self._make_replay(seed)
-        if self._replay.filled:  # a reopened "disk" buffer: SB3's position follows the engine's
+        if self._distributed is not None:  # a given ShardedReplay may hold rows already: SB3's count follows it
+            self.full = self._replay.filled >= self.buffer_size * self.n_envs
+            self.pos = 0 if self.full else self._replay.filled // self.n_envs
+        elif self._replay.filled:  # a reopened "disk" buffer: SB3's position follows the engine's
             self.pos = self._replay.position // self.n_envs
             self.full = self._replay.filled == self._replay.capacity
         self._stage_new()
@@ -362,7 +380,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Whether the core engine hands out torch tensors on the learner's device."""
         return self._replay.device is not None
 
-    def _make_replay(self, seed: int) -> PrioritizedReplay | RelaxedReplay:
+    def _make_replay(self, seed: int) -> Any:
         fields = {(f"obs/{key}" if key else "obs"): f for key, f in self._observation_fields().items()}
         fields["action"] = Field((self.action_dim,), _field_dtype(self._maybe_cast_dtype(self.action_space.dtype)))
         fields["reward"] = Field((), np.dtype(np.float32))
@@ -371,6 +389,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         fields["done"] = Field((), np.dtype(np.float32))
         if self.handle_timeout_termination:
             fields["timeout"] = Field((), np.dtype(np.float32))
+        if self._distributed is not None:
+            return _sharded_replay(
+                self._distributed, self.buffer_size * self.n_envs, Schema(fields), seed, self._config
+            )
         replay = PrioritizedReplay(self.buffer_size * self.n_envs, Schema(fields), seed=seed, **self._config)
         return RelaxedReplay(replay, self.staleness, self.prefetch) if self.staleness else replay
 
@@ -586,9 +608,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         with self._lock:
             super().reset()
             old = self._replay
+            if old is self._distributed:
+                raise ValueError(
+                    "reset() would empty a ShardedReplay this buffer was given; close and rebuild it yourself"
+                )
             self._replay = self._make_replay(int(old.rng.integers(2**31 - 1)))
-            if isinstance(old, RelaxedReplay):
-                old.close()  # stops its worker
+            if isinstance(old, RelaxedReplay) or self._distributed is not None:
+                old.close()  # stops its worker, or its shards
             self._stage_new()
 
     # -- PER state ------------------------------------------------------------------
@@ -619,13 +645,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     @property
     def dropped_updates(self) -> int:
         """Priority updates skipped because their slot was rewritten first (``staleness >= 1`` only)."""
+        if self._distributed is not None:
+            return int(self._replay.stats["dropped_updates"])
         return self._replay.dropped_updates if isinstance(self._replay, RelaxedReplay) else 0
 
     def flush(self) -> None:
-        """Apply every queued priority update now (``staleness >= 1``; otherwise nothing is queued)."""
+        """Apply every queued priority update now (``staleness >= 1``); with ``distributed``, checkpoint the shards."""
         with self._lock:
             self._commit()
-            if isinstance(self._replay, RelaxedReplay):
+            if isinstance(self._replay, RelaxedReplay) or self._distributed is not None:
                 self._replay.flush()
 
     @property
@@ -640,6 +668,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def priorities(self) -> np.ndarray:
         """Current sampling priorities ``p^alpha``, shape ``(buffer_size, n_envs)`` (queued updates applied first)."""
+        if self._distributed is not None:
+            raise TypeError("the priorities live on the shards: see buffer.replay.summaries")
         with self._lock:
             self.flush()
             return self._replay.priorities.leaves().reshape(self.buffer_size, self.n_envs)
@@ -865,6 +895,48 @@ def _field_dtype(dtype: npt.DTypeLike | None) -> np.dtype:
 def _host_copy(value: np.ndarray | th.Tensor) -> np.ndarray:
     """A NumPy copy of storage rows, wherever the storage is."""
     return value.cpu().numpy().copy() if isinstance(value, th.Tensor) else np.array(value)
+
+
+def _check_distributed(
+    distributed: Any, optimize_memory_usage: Any, staleness: Any, mapping: Any, storage: Any
+) -> None:
+    """``distributed=`` is a dict of ShardedReplay arguments or a ShardedReplay, and excludes what a local engine needs."""
+    if distributed is None:
+        return
+    if not isinstance(distributed, (dict, ShardedReplay)):
+        raise TypeError(
+            f"distributed must be a dict of ShardedReplay arguments (e.g. dict(num_shards=2)) or a ShardedReplay, "
+            f"got {type(distributed).__name__}"
+        )
+    if isinstance(distributed, dict) and "num_shards" not in distributed:
+        raise ValueError("distributed needs num_shards, e.g. distributed=dict(num_shards=2)")
+    for name, value, default in [
+        ("optimize_memory_usage", optimize_memory_usage, False),
+        ("staleness", staleness, 0),
+        ("mapping", mapping, None),
+        ("storage", storage, "host"),
+    ]:
+        if value != default:
+            raise ValueError(
+                f"{name}={value!r} does not apply with distributed= (the shards hold the rows and priorities; "
+                "their storage goes in distributed=dict(storage=...))"
+            )
+
+
+def _sharded_replay(distributed: Any, capacity: int, schema: Schema, seed: int, config: dict[str, Any]) -> Any:
+    """The ShardedReplay of a buffer with ``distributed=``: built from its arguments, or the given one checked."""
+    if isinstance(distributed, ShardedReplay):
+        if distributed.schema != schema:
+            raise ValueError(
+                f"the ShardedReplay's schema {distributed.schema!r} is not this buffer's {schema!r} "
+                "(build it with the same spaces, or pass distributed=dict(num_shards=...))"
+            )
+        return distributed
+    kwargs = dict(distributed)
+    num_shards = kwargs.pop("num_shards")
+    _check_int("distributed num_shards", num_shards, minimum=1)
+    per_shard = -(-capacity // num_shards)
+    return ShardedReplay(num_shards, per_shard, schema, seed=seed, options=config["options"], **kwargs)
 
 
 class _FieldRows:

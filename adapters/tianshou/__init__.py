@@ -7,6 +7,9 @@
   weights always scale the loss (DQN's Huber loss included), beta follows a
   schedule (:class:`LinearBetaSchedule`), and beta, IS-weight and priority
   statistics reach Tianshou's logger.
+* :class:`ShardedVectorReplayBuffer`: the Collector writes into a
+  :class:`hetero_replay.distributed.ShardedReplay` (shards on Ray) and
+  :class:`PEROffPolicyWrapper` trains from it (docs/distributed-tianshou.md).
 
 Quick start (CartPole, 4 envs)::
 
@@ -31,6 +34,7 @@ from hetero_replay.adapters.tianshou.buffers import (
     HeteroPrioritizedVectorReplayBuffer,
 )
 from hetero_replay.adapters.tianshou.schedules import BetaSchedule, LinearBetaSchedule
+from hetero_replay.adapters.tianshou.sharded import ShardedVectorReplayBuffer, transition_schema
 from hetero_replay.adapters.tianshou.wrapper import PEROffPolicyWrapper, PERTrainingStats
 
 __all__ = [
@@ -40,4 +44,6 @@ __all__ = [
     "LinearBetaSchedule",
     "PEROffPolicyWrapper",
     "PERTrainingStats",
+    "ShardedVectorReplayBuffer",
+    "transition_schema",
 ]

@@ -61,6 +61,7 @@ from tianshou.data.types import RolloutBatchProtocol
 
 from hetero_replay.adapters.tianshou.buffers import HeteroPrioritizedReplayBuffer, HeteroPrioritizedVectorReplayBuffer
 from hetero_replay.adapters.tianshou.schedules import BetaSchedule, checked_beta
+from hetero_replay.adapters.tianshou.sharded import ShardedVectorReplayBuffer, check_sharded_training
 from hetero_replay.adapters.tianshou.weighted_updates import check_supported, weighted_update
 from hetero_replay.advisor import Advice, AutoMapping, advise
 from hetero_replay.mapping import Mapping as DeviceMapping
@@ -230,19 +231,30 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
     def update(self, buffer: ReplayBuffer, sample_size: int | None) -> TrainingStats:
         """Set beta on ``buffer``, then sample, update and feed TD errors back as Tianshou does.
 
+        A :class:`~hetero_replay.adapters.tianshou.sharded.ShardedVectorReplayBuffer`
+        is sampled through its sharded replay instead: the drawn batch, a buffer
+        of its own, goes through the same steps (see :mod:`.sharded`).
+
         Raises:
             TypeError: ``buffer`` is not a prioritized buffer.
+            ValueError: a sharded buffer with an n-step algorithm (see
+                :func:`~hetero_replay.adapters.tianshou.sharded.check_sharded_training`).
         """
-        if not isinstance(buffer, PrioritizedReplayBuffer):
+        if isinstance(buffer, ShardedVectorReplayBuffer):
+            check_sharded_training(self.wrapped_algorithm, self.staleness)
+            self._batch.beta = self.current_beta
+            buffer = buffer.draw(sample_size, beta=self._batch.beta)
+        elif not isinstance(buffer, PrioritizedReplayBuffer):
             raise TypeError(
-                f"{type(self).__name__} needs a prioritized buffer (e.g. HeteroPrioritizedVectorReplayBuffer), "
-                f"got {type(buffer).__name__}"
+                f"{type(self).__name__} needs a prioritized buffer (e.g. HeteroPrioritizedVectorReplayBuffer "
+                f"or ShardedVectorReplayBuffer), got {type(buffer).__name__}"
             )
-        self._batch.beta = self.current_beta
-        _set_beta(buffer, self._batch.beta)
-        if self.staleness:
-            self._apply_due(_tracking(buffer), self._steps - self.staleness - 1)
-            self._batch.write_epoch = buffer.write_epoch
+        else:
+            self._batch.beta = self.current_beta
+            _set_beta(buffer, self._batch.beta)
+            if self.staleness:
+                self._apply_due(_tracking(buffer), self._steps - self.staleness - 1)
+                self._batch.write_epoch = buffer.write_epoch
         stats = super().update(buffer=buffer, sample_size=sample_size)
         self.num_updates += 1
         self._steps += 1

@@ -1,0 +1,237 @@
+"""One shard of a :class:`~hetero_replay.distributed.ShardedReplay`: an engine buffer in a Ray actor.
+
+:class:`ReplayShard` is a plain class; :mod:`.cluster` runs it as a Ray actor
+(restarted by Ray when its process dies). It holds a
+:class:`~hetero_replay.PrioritizedReplay` with write tracking on, and every
+reply carries a :class:`ShardSummary`: what the learner needs to route global
+draws (total mass, smallest positive priority, size) and to know whether the
+shard changed since (incarnation, version).
+
+Versions: every call that changes the tree (an add, an update, a restore from a
+checkpoint) adds one. A draw names the version the learner routed by; a shard
+that has changed since serves nothing (the learner redraws the whole batch), so
+an accepted batch is exact with respect to the state the learner saw.
+
+Checkpoints: with a ``checkpoint_dir``, the shard saves itself every
+``checkpoint_every`` added rows or ``checkpoint_seconds`` seconds (whichever
+comes first, checked at each call), atomically (``storage="host"``:
+:meth:`PrioritizedReplay.save`; ``"disk"``: the storage's durable points). A
+restarted shard starts from its last checkpoint; rows added and priorities set
+after it are lost: that is the loss window.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from hetero_replay.options import PEROptions
+from hetero_replay.replay import PrioritizedReplay
+from hetero_replay.storage import DISK, HOST, Field, Schema
+from hetero_replay.storage.base import check_batch
+
+#: Storages a shard can hold. A Ray actor's rows arrive through Ray, so a
+#: "shared" ring (for writer processes on one machine) has nothing to add.
+SHARD_STORAGES = (HOST, DISK)
+
+
+class ShardSummary(NamedTuple):
+    """What one shard's reply tells the learner about it."""
+
+    shard: int
+    incarnation: int  # random per process start: indices drawn before a restart are recognised
+    version: int  # changes of the tree in this incarnation
+    total: float  # sum of p ** alpha
+    min: float  # smallest positive p ** alpha (inf when empty)
+    size: int  # transitions stored
+    max_priority: float  # largest |td| + eps this shard has seen or been told
+    added: int  # rows added in this incarnation (after its checkpoint)
+    checkpointed: int  # size at the last checkpoint (0 without one)
+
+
+class ShardDraw(NamedTuple):
+    """The rows at the offsets a learner sent, or ``rows=None`` when the shard had changed."""
+
+    rows: dict[str, np.ndarray] | None
+    slots: np.ndarray
+    priorities: np.ndarray
+    epoch: int  # write epoch at the draw: later writes to these slots make their updates stale
+    summary: ShardSummary
+    current: bool  # served at the routed version (False: rescaled to a newer total, or nothing served)
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """How every shard of one sharded replay is built (the same for all; sent once)."""
+
+    capacity: int
+    schema: dict[str, dict[str, Any]]  # Schema.to_json()
+    options: dict[str, Any]  # PEROptions fields
+    storage: str = HOST
+    storage_options: Mapping[str, Any] | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 10_000
+    checkpoint_seconds: float = 60.0
+
+    def per_options(self) -> PEROptions:
+        return PEROptions(**self.options)
+
+
+def validate_rows(schema: Schema, capacity: int, batch: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
+    """A batch checked (and cast) against ``schema`` before any shard sees it, as one buffer checks it."""
+    return check_batch(schema, capacity, batch, True, np.asarray, _cast)
+
+
+def _cast(name: str, field: Field, arr: np.ndarray) -> np.ndarray:
+    return arr if arr.dtype == field.dtype else field.cast(name, arr)
+
+
+class ReplayShard:
+    """A :class:`PrioritizedReplay` that answers a sharded replay's learner and writers.
+
+    Args:
+        shard: this shard's number (``0 .. num_shards - 1``).
+        config: see :class:`ShardConfig`.
+    """
+
+    def __init__(self, shard: int, config: ShardConfig) -> None:
+        self.shard = shard
+        self.config = config
+        self.incarnation = secrets.randbits(31)
+        self.version = 0
+        self.added = 0
+        self.replay = self._open()
+        self.replay.track_writes()
+        self.checkpointed = len(self.replay) if self._checkpoint_path() else 0
+        self._rows_since_checkpoint = 0
+        self._dirty = False
+        self._checkpoint_at = time.monotonic()
+
+    # -- building and restoring ---------------------------------------------------
+
+    def _checkpoint_path(self) -> str | None:
+        d = self.config.checkpoint_dir
+        if d is None:
+            return None
+        name = f"shard-{self.shard}" + (".hrp" if self.config.storage == HOST else "")
+        return os.path.join(d, name)
+
+    def _open(self) -> PrioritizedReplay:
+        c, path = self.config, self._checkpoint_path()
+        options = c.per_options()
+        if c.storage == DISK:
+            if path is None:
+                raise ValueError("storage='disk' shards need checkpoint_dir (their ring files go there)")
+            durable = {"flush_every": c.checkpoint_every, "flush_seconds": c.checkpoint_seconds}
+            extra = {**(c.storage_options or {}), **durable}
+            if os.path.exists(os.path.join(path, "state.hrp")):
+                return PrioritizedReplay.reopen(path, tree=options.tree, **extra)
+            return PrioritizedReplay(
+                c.capacity, Schema.from_json(c.schema), options=options, storage=DISK,
+                storage_options={**extra, "path": path},
+            )  # fmt: skip
+        if path is not None and os.path.exists(path):
+            return PrioritizedReplay.load(path, tree=options.tree)
+        return PrioritizedReplay(c.capacity, Schema.from_json(c.schema), options=options)
+
+    # -- what the learner and writers call ------------------------------------------
+
+    def summary(self) -> ShardSummary:
+        tree = self.replay.tree
+        return ShardSummary(
+            self.shard, self.incarnation, self.version, tree.total(), tree.min(), len(self.replay),
+            self.replay.max_priority, self.added, self.checkpointed,
+        )  # fmt: skip
+
+    def add(self, batch: Mapping[str, Any], max_priority: float) -> ShardSummary:
+        """Append rows (new ones get the larger of this shard's and the caller's max priority)."""
+        self.replay.lift_max_priority(max_priority)
+        rows = len(self.replay.add(batch))
+        self.version += 1
+        self.added += rows
+        self._rows_since_checkpoint += rows
+        self._changed()
+        return self.summary()
+
+    def draw(
+        self, offsets: np.ndarray, incarnation: int, version: int, routed_total: float, serve_changed: bool
+    ) -> ShardDraw:
+        """The transitions at ``offsets`` (masses in ``[0, routed_total)``, the total of the routed version).
+
+        If this shard is no longer at ``(incarnation, version)`` it serves
+        nothing, unless ``serve_changed``: then the offsets are rescaled to its
+        current total (exact within the shard, the split across shards one
+        version old).
+        """
+        current = (incarnation, version) == (self.incarnation, self.version)
+        epoch = self.replay.write_epoch
+        empty = np.empty(0, np.int64)
+        if not current and not serve_changed:
+            return ShardDraw(None, empty, np.empty(0, self.replay.tree.dtype), epoch, self.summary(), False)
+        offsets = np.asarray(offsets, np.float64)
+        if offsets.size == 0:
+            rows = {name: np.empty((0, *f.shape), f.dtype) for name, f in self.replay.schema.items()}
+            return ShardDraw(rows, empty, np.empty(0, self.replay.tree.dtype), epoch, self.summary(), current)
+        total = self.replay.tree.total()
+        if total <= 0:  # changed to all-zero priorities since the routing: nothing to serve
+            return ShardDraw(None, empty, np.empty(0, self.replay.tree.dtype), epoch, self.summary(), False)
+        if not current:
+            offsets = offsets * (total / routed_total)
+        # Float sums may put an offset a rounding step past this tree's total.
+        offsets = np.minimum(offsets, np.nextafter(total, 0.0))
+        rows, slots, priorities = self.replay.gather_at(offsets)
+        return ShardDraw(rows, slots, priorities, epoch, self.summary(), current)
+
+    def update(
+        self, slots: np.ndarray, epochs: np.ndarray, incarnation: int, td_errors: np.ndarray, max_priority: float
+    ) -> tuple[int, ShardSummary]:
+        """Set priorities from ``|td|``, dropping entries whose slot was rewritten (or drawn before a restart).
+
+        Returns ``(entries dropped, summary)``. The learner has checked the values.
+        """
+        if incarnation != self.incarnation:  # drawn from a previous incarnation: those slots may hold other rows
+            return len(slots), self.summary()
+        dropped, _ = self.replay.update_priorities_since(slots, td_errors, np.asarray(epochs, np.int64))
+        self.replay.lift_max_priority(max_priority)
+        self.version += 1
+        self._changed()
+        return dropped, self.summary()
+
+    def read(self, name: str, slots: np.ndarray) -> np.ndarray:
+        return np.asarray(self.replay.read_rows(name, slots))
+
+    def checkpoint(self) -> ShardSummary:
+        """Save now (with a ``checkpoint_dir``; otherwise nothing to do)."""
+        path = self._checkpoint_path()
+        if path is not None:
+            if self.config.storage == HOST:
+                self.replay.save(path)
+            else:
+                self.replay.flush()
+            self.checkpointed = len(self.replay)
+        self._rows_since_checkpoint = 0
+        self._dirty = False
+        self._checkpoint_at = time.monotonic()
+        return self.summary()
+
+    def pid(self) -> int:
+        """The process this shard runs in (tests kill it)."""
+        return os.getpid()
+
+    def _changed(self) -> None:
+        self._dirty = True
+        c = self.config
+        if c.checkpoint_dir is None or c.storage != HOST:  # "disk" makes its durable points itself
+            return
+        due_rows = self._rows_since_checkpoint >= c.checkpoint_every
+        if due_rows or time.monotonic() - self._checkpoint_at >= c.checkpoint_seconds:
+            self.checkpoint()
+
+
+__all__ = ["SHARD_STORAGES", "ReplayShard", "ShardConfig", "ShardDraw", "ShardSummary", "validate_rows"]

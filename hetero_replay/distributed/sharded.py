@@ -1,0 +1,563 @@
+"""ShardedReplay: prioritized replay over shards on Ray actors, sampled exactly from the global distribution.
+
+Each shard (:mod:`.shard`) is an engine buffer in a Ray actor, on this machine
+or any node of a cluster. The learner keeps each shard's summary (total mass
+``S_k``, smallest positive priority ``m_k``, size, incarnation and version),
+refreshed from every reply. A batch of ``B``:
+
+1. draws ``B`` uniforms over the global total ``T = sum_k S_k`` (stratified:
+   one per ``[jT/B, (j+1)T/B)``, as one buffer does), with the learner's seeded
+   generator;
+2. routes each to the shard whose prefix range holds it, with its offset
+   inside that shard; every shard gets one call (its offsets, possibly none,
+   and the version the learner routed by), all in flight at once;
+3. each shard descends its own tree at the offsets and returns rows, slots and
+   priorities ``p_i`` (``p ** alpha``);
+4. IS weights are ``(min_k m_k / p_i) ** beta``: the single-buffer formula
+   ``(N P(i)) ** -beta / max_j (N P(j)) ** -beta`` with the global size ``N``
+   and the global minimum (``N`` and ``T`` cancel).
+
+Guarantee: a batch is accepted only if every shard served it at the
+``(incarnation, version)`` the learner routed by. Every shard's last reply
+came before the batch was issued and nothing changed it before it served, so
+all shards were in those states at the instant the batch was issued: **the
+batch is drawn exactly from ``p_i ** alpha / sum_all p ** alpha`` of the whole
+replay as it was at that instant.** If any shard changed in between (a
+writer's add landed), its reply carries its new summary instead of rows and
+the learner redraws the whole batch with fresh uniforms. Whether a redraw
+happens does not depend on the uniforms, so accepted batches keep the exact
+law. After ``max_redraws`` redraws (writers adding faster than the learner's
+round trip), the last attempt is served anyway, each changed shard rescaling
+its offsets to its current total: exact within each shard, the split across
+shards one reply old. Such batches are counted in :attr:`stats`
+(``inexact_batches``).
+
+Priority updates are checked on the learner, then sent, one call per shard,
+without waiting: their replies are collected before the next sample needs the
+summaries, so the round trips overlap the learner's work. Each index carries
+(shard, incarnation, slot, write epoch); a shard drops entries whose slot was
+rewritten since the draw, or which were drawn before it restarted.
+
+New transitions get the global max priority (``max(|td| + eps) ** alpha`` over
+all shards, as one buffer gives them): the learner sends the max it knows with
+every add and update (collecting the replies of updates still out first).
+Writers send the largest they have seen in replies.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from hetero_replay import _native
+from hetero_replay.distributed import cluster
+from hetero_replay.distributed.shard import SHARD_STORAGES, ShardConfig, ShardDraw, ShardSummary, validate_rows
+from hetero_replay.distributed.writer import ShardWriter
+from hetero_replay.options import UNSET, PEROptions, check_batch_size, check_beta, check_seed
+from hetero_replay.replay import Sample
+from hetero_replay.storage import HOST, Schema
+from hetero_replay.trees.base import MAX_CAPACITY, max_leaf
+
+#: One sampled transition's identity: its shard, the shard's incarnation, the slot, and the shard's write epoch.
+INDEX_DTYPE = np.dtype([("shard", np.int32), ("incarnation", np.int32), ("slot", np.int64), ("epoch", np.int64)])
+
+
+class ShardedReplay:
+    """A prioritized replay whose transitions live in ``num_shards`` Ray actors.
+
+    Args:
+        num_shards: shards (Ray actors), at least 1.
+        capacity_per_shard: transitions each shard keeps (its oldest is overwritten first).
+        schema: ``{name: (shape, dtype)}`` or a :class:`~hetero_replay.storage.Schema`, as for
+            :class:`~hetero_replay.PrioritizedReplay`.
+        alpha, beta, eps, tree, fanout, priority_dtype, stratified: the PER options
+            (:class:`~hetero_replay.PEROptions`); ``tree`` is each shard's backend.
+        seed: seed of the learner's generator, which draws every uniform: with
+            no writers adding concurrently, a seed fixes the samples.
+        options: a ready :class:`~hetero_replay.PEROptions` (keywords override its fields).
+        address: a Ray cluster to join (``"auto"``, ``"ray://..."``, ``"127.0.0.1:6379"``);
+            ``None`` starts a local Ray instance (or uses the one this process has).
+        storage: each shard's storage, ``"host"`` (the default) or ``"disk"``
+            (ring files under ``checkpoint_dir``, for shards larger than RAM).
+        storage_options: the shard storage's keyword arguments (``"disk"``: ``ram_bytes``, ``read_threads``).
+        checkpoint_dir: where shards checkpoint (a directory every shard's node
+            can write: local disk for one machine, a shared file system for a
+            cluster). ``None``: no checkpoints; a restarted shard starts empty.
+        checkpoint_every, checkpoint_seconds: a shard checkpoints after this many
+            added rows or this many seconds, whichever first (checked at each call).
+            The loss window of a shard that dies is what it took in since.
+        name: the shards' name prefix (named Ray actors); default a fresh unique name.
+        detached: keep the shards alive after this process exits (needs a running
+            cluster, ``address``), so a restarted learner reattaches with :meth:`attach`.
+        max_redraws: batch redraws when shards changed under a draw (see the module docstring).
+        recovery_timeout: seconds to wait for a dead shard's restart before :class:`~.cluster.ShardLostError`.
+        actor_options: extra Ray actor options of the shards (``resources``, ``scheduling_strategy``, ...):
+            one dict for all, or a list of one dict per shard (to place shard ``k`` on a node of your choice).
+
+    Example:
+        >>> replay = ShardedReplay(2, 10_000, {"obs": ((4,), "float32"), "reward": ((), "float32")})  # doctest: +SKIP
+        >>> replay.add({"obs": np.zeros((64, 4)), "reward": np.ones(64)})                          # doctest: +SKIP
+        >>> batch = replay.sample(32)                                                            # doctest: +SKIP
+        >>> replay.update_priorities(batch.indices, np.abs(np.random.randn(32)))                 # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        num_shards: int,
+        capacity_per_shard: int,
+        schema: Schema | Mapping[str, Any],
+        alpha: float = UNSET,
+        beta: float = UNSET,
+        eps: float = UNSET,
+        tree: str = UNSET,
+        fanout: int = UNSET,
+        priority_dtype: Any = UNSET,
+        stratified: bool = UNSET,
+        seed: int | None = None,
+        *,
+        options: PEROptions | None = None,
+        address: str | None = None,
+        storage: str = HOST,
+        storage_options: Mapping[str, Any] | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 10_000,
+        checkpoint_seconds: float = 60.0,
+        name: str | None = None,
+        detached: bool = False,
+        max_redraws: int = 8,
+        recovery_timeout: float = 120.0,
+        actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        _check_int("num_shards", num_shards, 1, 2**15)
+        _check_int("capacity_per_shard", capacity_per_shard, 1, MAX_CAPACITY)
+        _check_int("checkpoint_every", checkpoint_every, 1, 2**62)
+        _check_int("max_redraws", max_redraws, 0, 2**20)
+        for arg, value in (("checkpoint_seconds", checkpoint_seconds), ("recovery_timeout", recovery_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{arg} must be a positive number of seconds, got {value!r}")
+        if storage not in SHARD_STORAGES:
+            raise ValueError(f"storage must be one of {SHARD_STORAGES} for a shard, got {storage!r}")
+        if storage != HOST and checkpoint_dir is None:
+            raise ValueError(f"storage={storage!r} shards need checkpoint_dir= (their ring files go there)")
+        if detached and address is None:
+            raise ValueError(
+                "detached=True keeps shards alive after this process: it needs a running cluster's address="
+            )
+        if name is not None and (not isinstance(name, str) or not name or "/" in name):
+            raise ValueError(f"name must be a non-empty string without '/', got {name!r}")
+        _per_shard_options(actor_options, num_shards)  # refused before Ray starts
+        schema = schema if isinstance(schema, Schema) else Schema(schema)
+        per = PEROptions.of(
+            options, alpha=alpha, beta=beta, eps=eps, tree=tree, fanout=fanout,
+            priority_dtype=priority_dtype, stratified=stratified,
+        )  # fmt: skip
+        config = ShardConfig(
+            capacity=int(capacity_per_shard), schema=schema.to_json(), options=asdict(per), storage=storage,
+            storage_options=dict(storage_options) if storage_options else None,
+            checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+            checkpoint_every=int(checkpoint_every), checkpoint_seconds=float(checkpoint_seconds),
+        )  # fmt: skip
+        if checkpoint_dir is not None:
+            import os
+
+            os.makedirs(checkpoint_dir, exist_ok=True)
+        self.address = cluster.connect(address)
+        self.name = name or f"replay-{uuid.uuid4().hex[:8]}"
+        self.detached = bool(detached)
+        per_shard = _per_shard_options(actor_options, num_shards)
+        strategy = {"scheduling_strategy": "SPREAD"}  # one shard per node where there are several
+        handles = [
+            cluster.start_shard(self.name, k, config, self.detached, {**strategy, **per_shard[k]})
+            for k in range(num_shards)
+        ]
+        self._setup(handles, config, seed, max_redraws, recovery_timeout)
+
+    @classmethod
+    def attach(
+        cls, name: str, address: str | None = None, seed: int | None = None, max_redraws: int = 8,
+        recovery_timeout: float = 120.0,
+    ) -> ShardedReplay:  # fmt: skip
+        """The learner side of running (detached) shards named ``name``: a restarted learner continues with them."""
+        cluster.connect(address)
+        handles = cluster.find_shards(name)
+        self = cls.__new__(cls)
+        self.address = cluster.connect(address)
+        self.name, self.detached = name, True
+        config = cluster.ray_module().get(handles[0].__ray_call__.remote(lambda shard: shard.config))
+        self._setup(handles, config, seed, max_redraws, recovery_timeout)
+        return self
+
+    def _setup(
+        self, handles: list[Any], config: ShardConfig, seed: int | None, max_redraws: int, recovery_timeout: float
+    ) -> None:
+        self._ray = cluster.ray_module()
+        self._shards = handles
+        self.config = config
+        self.options = config.per_options()
+        self.schema = Schema.from_json(config.schema)
+        self.capacity_per_shard = config.capacity
+        self.rng = np.random.default_rng(check_seed(seed))
+        self.max_redraws = max_redraws
+        self.recovery_timeout = recovery_timeout
+        self._beta = self.options.beta
+        self._lock = threading.RLock()
+        self._pending: list[tuple[int, Any]] = []  # (shard, reply of an update or add not yet collected)
+        self._next_shard = 0
+        self._max_leaf = max_leaf(np.dtype(self.options.priority_dtype), config.capacity)
+        self.stats = {"batches": 0, "redraws": 0, "inexact_batches": 0, "dropped_updates": 0, "recoveries": 0}
+        self._summaries: list[ShardSummary] = [
+            cluster.wait_for(functools.partial(self._reply, h.summary), k, recovery_timeout)
+            for k, h in enumerate(handles)
+        ]
+
+    # -- properties --------------------------------------------------------------------
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._shards)
+
+    @property
+    def capacity(self) -> int:
+        """Transitions kept over all shards."""
+        return self.num_shards * self.capacity_per_shard
+
+    @property
+    def alpha(self) -> float:
+        return self.options.alpha
+
+    @property
+    def eps(self) -> float:
+        return self.options.eps
+
+    @property
+    def beta(self) -> float:
+        """IS exponent of the next :meth:`sample` (the learner's: shards never see it)."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._beta = check_beta(value)
+
+    @property
+    def device(self) -> None:
+        """Batches come back as NumPy arrays on the host."""
+        return None
+
+    @property
+    def summaries(self) -> list[ShardSummary]:
+        """Each shard's state now (one round trip to every shard; writers' adds included)."""
+        with self._lock:
+            self._collect()
+            refs = [h.summary.remote() for h in self._shards]
+            for k, ref in enumerate(refs):
+                try:
+                    self._summaries[k] = self._ray.get(ref)
+                except cluster.actor_errors():
+                    self._recover(k)
+            return list(self._summaries)
+
+    @property
+    def filled(self) -> int:
+        """Transitions stored over all shards."""
+        return sum(s.size for s in self.summaries)
+
+    def __len__(self) -> int:
+        return self.filled
+
+    @property
+    def max_priority(self) -> float:
+        """Largest ``|td| + eps`` any shard has seen (starts at 1)."""
+        return max(s.max_priority for s in self.summaries)
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedReplay(name={self.name!r}, shards={self.num_shards}, capacity_per_shard={self.capacity_per_shard}, "
+            f"alpha={self.alpha}, beta={self.beta}, schema={self.schema!r})"
+        )
+
+    # -- the three operations ------------------------------------------------------------
+
+    def add(self, batch: Mapping[str, Any]) -> int:
+        """Append transitions, split evenly over the shards (starting where the last add stopped).
+
+        The whole batch is checked first (fields, shapes, dtypes, casts), so a
+        refused batch reaches no shard. Returns the number of rows added.
+        """
+        rows, arrays = validate_rows(self.schema, self.capacity, batch)
+        if rows == 0:
+            return 0
+        with self._lock:
+            self._collect()  # the updates' replies: the max priority new rows get is the global one
+            # Chunk j goes to shard (next + j) % S: consecutive calls fill the shards evenly.
+            bounds = np.linspace(0, rows, min(rows, self.num_shards) + 1).astype(np.int64)
+            top = self.max_priority
+            for j in range(len(bounds) - 1):
+                k = (self._next_shard + j) % self.num_shards
+                chunk = {n: a[bounds[j] : bounds[j + 1]] for n, a in arrays.items()}
+                self._pending.append((k, self._shards[k].add.remote(chunk, top)))
+            self._next_shard = (self._next_shard + len(bounds) - 1) % self.num_shards
+            return rows
+
+    def sample(self, batch_size: int, beta: float | None = None) -> Sample:
+        """Draw ``batch_size`` transitions with probability ``p_i^alpha / sum over all shards``.
+
+        Returns a :class:`~hetero_replay.Sample`: NumPy rows, ``indices`` of
+        dtype :data:`INDEX_DTYPE` (for :meth:`update_priorities`) and IS
+        weights normalised by the global maximum. A refused call (bad
+        arguments, empty replay) leaves the generator untouched.
+        """
+        n = check_batch_size(batch_size)
+        b = self._beta if beta is None else check_beta(beta)
+        with self._lock:
+            self._collect()
+            for attempt in range(self.max_redraws + 1):
+                summaries = self._summaries
+                totals = np.array([s.total for s in summaries], np.float64)
+                if not totals.sum() > 0:
+                    what = "empty" if all(s.size == 0 for s in summaries) else "all priorities are 0"
+                    raise ValueError(f"cannot sample from the sharded replay: {what}; add transitions first")
+                shard_of, offsets = self._route(n, totals)
+                serve_changed = attempt == self.max_redraws
+                draws = self._draw(shard_of, offsets, totals, serve_changed)
+                if draws is not None:
+                    self.stats["batches"] += 1
+                    self.stats["inexact_batches"] += not all(d.current for d in draws)
+                    return self._assemble(shard_of, draws, b)
+                self.stats["redraws"] += 1
+            raise ValueError("the sharded replay's priority mass vanished while drawing (all shards cleared)")
+
+    def update_priorities(self, indices: Any, td_errors: Any) -> None:
+        """Set the priorities of sampled transitions from their ``|TD error|`` (``(|td| + eps) ** alpha``).
+
+        Everything is checked here first, so no shard refuses: ``indices`` of
+        :data:`INDEX_DTYPE` (``TypeError`` otherwise), 1-D, one TD error each;
+        a shard or slot out of range raises ``IndexError``; a NaN, infinite or
+        negative TD error, or one whose priority the trees cannot sum, raises
+        ``ValueError`` naming its position. Nothing is sent on error. Then one
+        call per shard goes out without waiting; entries whose slot was
+        rewritten since the draw are dropped by their shard (counted in
+        :attr:`stats`).
+        """
+        idx = np.asarray(indices)
+        if idx.dtype != INDEX_DTYPE:
+            raise TypeError(
+                f"indices must be a ShardedReplay sample's indices (dtype {INDEX_DTYPE}), got dtype {idx.dtype}"
+            )
+        if hasattr(td_errors, "detach"):
+            td_errors = td_errors.detach().cpu().numpy()
+        td = np.asarray(td_errors, np.float64).reshape(-1) if np.size(td_errors) else np.empty(0)
+        if idx.ndim != 1 or td.shape != idx.shape:
+            raise ValueError(
+                f"indices must be 1-D with one TD error each: got {idx.shape} indices and {td.shape} TD errors"
+            )
+        bad = np.flatnonzero((idx["shard"] < 0) | (idx["shard"] >= self.num_shards))
+        if bad.size:
+            raise IndexError(f"indices[{bad[0]}] names shard {idx['shard'][bad[0]]}; this replay has {self.num_shards}")
+        bad = np.flatnonzero((idx["slot"] < 0) | (idx["slot"] >= self.capacity_per_shard))
+        if bad.size:
+            raise IndexError(
+                f"indices[{bad[0]}] names slot {idx['slot'][bad[0]]}, outside [0, {self.capacity_per_shard})"
+            )
+        bad = np.flatnonzero(~(np.isfinite(td) & (td >= 0)))
+        if bad.size:
+            raise ValueError(f"td_errors[{bad[0]}] is {td[bad[0]]}: TD errors must be finite magnitudes (>= 0)")
+        raw = td + self.eps
+        with np.errstate(over="ignore"):
+            too_big = np.flatnonzero(raw**self.alpha > self._max_leaf)
+        if too_big.size:
+            raise ValueError(
+                f"td_errors[{too_big[0]}] = {td[too_big[0]]} gives priority {raw[too_big[0]]}**{self.alpha}, "
+                f"more than the trees can sum ({self._max_leaf:.3g})"
+            )
+        if idx.size == 0:
+            return
+        with self._lock:
+            # The max before this update: each shard raises its own from the entries it applies (not the dropped ones).
+            top = max(s.max_priority for s in self._summaries)
+            for k in np.unique(idx["shard"]):
+                mine = idx["shard"] == k
+                sub = idx[mine]
+                for inc in np.unique(sub["incarnation"]):  # one per restart the batch straddles (almost always one)
+                    part = sub["incarnation"] == inc
+                    reply = self._shards[k].update.remote(
+                        sub["slot"][part], sub["epoch"][part], int(inc), td[mine][part], top
+                    )
+                    self._pending.append((int(k), reply))
+
+    # -- routing and assembling ------------------------------------------------------------
+
+    def _route(self, n: int, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` global draws as (shard, offset inside it), from the learner's generator."""
+        grand = float(totals.sum())
+        u = self.rng.random(n)
+        mass = (np.arange(n, dtype=np.float64) + u) * (grand / n) if self.options.stratified else u * grand
+        prefix = np.cumsum(totals)
+        shard_of = np.searchsorted(prefix, mass, side="right")
+        # A draw rounded onto the grand total, or onto a prefix that only empty shards follow, goes to the last shard with mass.
+        last = int(np.flatnonzero(totals > 0)[-1])
+        shard_of = np.minimum(shard_of, last)
+        while (
+            True
+        ):  # (rare) a draw landing on an empty shard's zero-width range: move it to the previous shard with mass
+            empty = totals[shard_of] <= 0
+            if not empty.any():
+                break
+            shard_of[empty] -= 1
+        offsets = mass - (prefix[shard_of] - totals[shard_of])
+        offsets = np.clip(offsets, 0.0, np.nextafter(totals[shard_of], 0.0))
+        return shard_of, offsets
+
+    def _draw(
+        self, shard_of: np.ndarray, offsets: np.ndarray, totals: np.ndarray, serve_changed: bool
+    ) -> list[ShardDraw] | None:
+        """One draw call per shard, all in flight at once; ``None`` if any shard had changed."""
+        replies = []
+        for k, h in enumerate(self._shards):
+            s = self._summaries[k]
+            replies.append(
+                h.draw.remote(offsets[shard_of == k], s.incarnation, s.version, float(totals[k]), serve_changed)
+            )
+        draws: list[ShardDraw] = []
+        lost = False
+        for k, ref in enumerate(replies):
+            try:
+                draw = self._ray.get(ref)
+            except cluster.actor_errors():
+                self._recover(k)
+                lost = True
+                continue
+            self._summaries[k] = draw.summary
+            draws.append(draw)
+        if lost or any(d.rows is None for d in draws):
+            return None
+        return draws
+
+    def _assemble(self, shard_of: np.ndarray, draws: list[ShardDraw], beta: float) -> Sample:
+        order = np.argsort(shard_of, kind="stable")  # concatenated shard replies are in this order
+        in_order = bool((np.diff(shard_of) >= 0).all())  # stratified draws route in order already
+        index = np.empty(len(shard_of), INDEX_DTYPE)
+        priorities = np.concatenate([d.priorities for d in draws]).astype(np.float64)
+        parts = {
+            "shard": np.concatenate([np.full(len(d.slots), d.summary.shard, np.int32) for d in draws]),
+            "incarnation": np.concatenate([np.full(len(d.slots), d.summary.incarnation, np.int32) for d in draws]),
+            "slot": np.concatenate([d.slots for d in draws]),
+            "epoch": np.concatenate([np.full(len(d.slots), d.epoch, np.int64) for d in draws]),
+        }
+        data = {}
+        for name in self.schema:
+            data[name] = np.concatenate([d.rows[name] for d in draws if d.rows is not None])
+        if not in_order:
+            unsort = np.empty_like(order)
+            unsort[order] = np.arange(len(order))
+            priorities = priorities[unsort]
+            parts = {k: v[unsort] for k, v in parts.items()}
+            data = {k: v[unsort] for k, v in data.items()}
+        for k, v in parts.items():
+            index[k] = v
+        global_min = min(s.min for s in self._summaries if s.total > 0)
+        weights = _native.is_weights(priorities, global_min, beta)
+        return Sample(data, index, weights)
+
+    # -- replies, failures, checkpoints ----------------------------------------------------------
+
+    def _collect(self) -> None:
+        """Wait for the adds' and updates' replies still out; take in their summaries."""
+        pending, self._pending = self._pending, []
+        for k, ref in pending:
+            try:
+                reply = self._ray.get(ref)
+            except cluster.actor_errors():
+                self._recover(k)  # that call's work is in the shard's loss window
+                continue
+            if isinstance(reply, ShardSummary):
+                self._summaries[k] = reply
+            else:
+                dropped, self._summaries[k] = reply
+                self.stats["dropped_updates"] += dropped
+
+    def _reply(self, method: Any) -> Any:
+        """Call a shard's ``method`` (no arguments) and wait for its reply."""
+        return self._ray.get(method.remote())
+
+    def _recover(self, k: int) -> None:
+        """Wait for Ray to restart shard ``k`` (it reloads its checkpoint); take in its new summary."""
+        self._summaries[k] = cluster.wait_for(
+            functools.partial(self._reply, self._shards[k].summary), k, self.recovery_timeout
+        )
+        self.stats["recoveries"] += 1
+
+    def flush(self) -> None:
+        """Checkpoint every shard now and wait (with a ``checkpoint_dir``)."""
+        with self._lock:
+            self._collect()
+            refs = [h.checkpoint.remote() for h in self._shards]
+            for k, ref in enumerate(refs):
+                self._summaries[k] = cluster.wait_for(functools.partial(self._ray.get, ref), k, self.recovery_timeout)
+
+    def view(self, name: str) -> Any:
+        """Refused: the rows live on the shards, so there is no array to view (host adapters' array attributes)."""
+        raise TypeError(
+            f"field {name!r} of a ShardedReplay lives on its shards: there is no array view of it; "
+            "read sampled rows from sample().data"
+        )
+
+    def shard_pids(self) -> list[int]:
+        """The process id of each shard (on its node)."""
+        return [self._ray.get(h.pid.remote()) for h in self._shards]
+
+    def writer(self, policy: str = "least_full") -> Any:
+        """A picklable handle that actor processes and Ray tasks add transitions with.
+
+        See :class:`~hetero_replay.distributed.writer.ShardWriter`; ``policy``
+        is ``"least_full"`` or ``"round_robin"``.
+        """
+        return ShardWriter(self.name, self.num_shards, self.address, self.config, policy)
+
+    def close(self, destroy: bool | None = None) -> None:
+        """Stop using the shards; kill them unless they are detached (``destroy`` overrides)."""
+        with self._lock:
+            try:
+                self._collect()
+            except cluster.ShardLostError:
+                pass
+            if destroy if destroy is not None else not self.detached:
+                for h in self._shards:
+                    self._ray.kill(h, no_restart=True)
+            self._shards = []
+
+    def __getstate__(self) -> Any:
+        raise TypeError(
+            "a ShardedReplay is not pickled: its shards checkpoint themselves (checkpoint_dir=); "
+            "other processes add through replay.writer(), and a restarted learner uses ShardedReplay.attach(name)"
+        )
+
+
+def _per_shard_options(options: Any, num_shards: int) -> list[dict[str, Any]]:
+    """``actor_options`` as one dict per shard (a single mapping applies to all)."""
+    if options is None or isinstance(options, Mapping):
+        return [dict(options or {}) for _ in range(num_shards)]
+    if (
+        not isinstance(options, Sequence)
+        or len(options) != num_shards
+        or not all(isinstance(o, Mapping) for o in options)
+    ):
+        raise ValueError(
+            f"actor_options must be a dict or a list of {num_shards} dicts (one per shard), got {options!r}"
+        )
+    return [dict(o) for o in options]
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+
+
+__all__ = ["INDEX_DTYPE", "ShardedReplay"]
