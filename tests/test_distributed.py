@@ -209,6 +209,7 @@ def test_bad_input_is_refused_and_changes_nothing() -> None:
         (dict(checkpoint_seconds=0), ValueError, "checkpoint_seconds"),
         (dict(name="a/b"), ValueError, "name"),
         (dict(actor_options=[{}]), ValueError, "actor_options"),
+        (dict(stage_rows=-1), ValueError, "stage_rows"),
         (dict(alpha=-1.0), ValueError, "alpha"),
     ],
 )
@@ -353,12 +354,48 @@ def test_a_restarted_learner_reattaches_to_running_named_shards(ray_local: objec
         replay.close(destroy=True)
 
 
-@pytest.mark.parametrize("max_redraws", [8, 0])
-def test_an_add_landing_between_refresh_and_draw_forces_a_redraw(max_redraws: int) -> None:
-    replay = filled_replay(seed=6, max_redraws=max_redraws)
+def test_writers_rows_join_at_the_learners_next_call_and_never_make_a_draw_stale() -> None:
+    replay = filled_replay(seed=6)
     try:
         writer = replay.writer(policy="round_robin")
-        writer.add(rows(np.arange(5000, 5010)))  # lands on shard 0; the learner's summary of it is now stale
+        writer.add(rows(np.arange(5000, 5010)))  # queued on shard 0 until the learner's next call to it
+        first = replay.sample(4096)
+        assert not (first.data["id"] >= 5000).any()  # not in the tree the learner routed by
+        second = replay.sample(4096)
+        assert (second.data["id"] >= 5000).any()  # taken in after serving the first draw
+        assert replay.stats["redraws"] == 0 and replay.stats["inexact_batches"] == 0
+    finally:
+        replay.close()
+
+
+def test_a_full_queue_joins_the_tree_at_once_and_the_learner_redraws() -> None:
+    replay = filled_replay(seed=8, stage_rows=12)
+    try:
+        writer = replay.writer(policy="round_robin")  # shards 0, 1, 2, 3, 0, ...
+        for start, n in ((5000, 10), (6000, 1), (7000, 1), (8000, 1)):
+            writer.add(rows(np.arange(start, start + n)))  # all queued
+        queued = [replay._ray.get(h.summary.remote()).staged for h in replay._shards]
+        assert queued == [10, 1, 1, 1]
+        writer.add(rows(np.arange(9000, 9005)))  # shard 0: 15 > 12 rows, taken in at once
+        assert replay._ray.get(replay._shards[0].summary.remote()).staged == 0
+        batch = replay.sample(4096)
+        assert replay.stats["redraws"] == 1 and replay.stats["inexact_batches"] == 0
+        ids = set(batch.data["id"].tolist())
+        assert ids & {*range(5000, 5010), *range(9000, 9005)}  # shard 0's rows are in the tree the batch saw
+        # The other shards took their queues in after serving the rejected first attempt; the redraw routed
+        # by their new summaries, so their rows are in the batch's tree too.
+        assert ids & {6000, 7000, 8000}
+    finally:
+        replay.close()
+
+
+@pytest.mark.parametrize("max_redraws", [8, 0])
+def test_a_shard_changed_between_refresh_and_draw_forces_a_redraw(max_redraws: int) -> None:
+    # stage_rows=0: a writer's add joins the tree at once, so the learner's summary of that shard goes stale.
+    replay = filled_replay(seed=6, max_redraws=max_redraws, stage_rows=0)
+    try:
+        writer = replay.writer(policy="round_robin")
+        writer.add(rows(np.arange(5000, 5010)))
         batch = replay.sample(4096)
         if max_redraws:
             assert replay.stats["redraws"] == 1 and replay.stats["inexact_batches"] == 0

@@ -7,17 +7,25 @@ reply carries a :class:`ShardSummary`: what the learner needs to route global
 draws (total mass, smallest positive priority, size) and to know whether the
 shard changed since (incarnation, version).
 
-Versions: every call that changes the tree (an add, an update, a restore from a
-checkpoint) adds one. A draw names the version the learner routed by; a shard
-that has changed since serves nothing (the learner redraws the whole batch), so
-an accepted batch is exact with respect to the state the learner saw.
+Versions: every change of the tree adds one. A draw names the version the
+learner routed by; a shard that has changed since serves nothing (the learner
+redraws the whole batch), so an accepted batch is exact with respect to the
+state the learner saw.
+
+Writers' rows are staged: a writer's add only queues its rows, and the shard
+takes them into its tree during the learner's next call (after serving a draw,
+with an update or a learner's add), whose reply carries the new summary. So
+the tree changes only inside the learner's own calls, and writers never make
+a draw stale. The rows become sampleable one learner call later. When
+``stage_rows`` rows wait (no learner calls), the shard takes them in at once,
+and the learner redraws once.
 
 Checkpoints: with a ``checkpoint_dir``, the shard saves itself every
 ``checkpoint_every`` added rows or ``checkpoint_seconds`` seconds (whichever
 comes first, checked at each call), atomically (``storage="host"``:
 :meth:`PrioritizedReplay.save`; ``"disk"``: the storage's durable points). A
-restarted shard starts from its last checkpoint; rows added and priorities set
-after it are lost: that is the loss window.
+restarted shard starts from its last checkpoint; rows added (or staged) and
+priorities set after it are lost: that is the loss window.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ class ShardSummary(NamedTuple):
     max_priority: float  # largest |td| + eps this shard has seen or been told
     added: int  # rows added in this incarnation (after its checkpoint)
     checkpointed: int  # size at the last checkpoint (0 without one)
+    staged: int  # writers' rows waiting to join the tree
 
 
 class ShardDraw(NamedTuple):
@@ -78,6 +87,7 @@ class ShardConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 10_000
     checkpoint_seconds: float = 60.0
+    stage_rows: int = 4096  # writers' rows a shard queues before taking them in unasked; 0: never queue
 
     def per_options(self) -> PEROptions:
         return PEROptions(**self.options)
@@ -110,8 +120,9 @@ class ReplayShard:
         self.replay.track_writes()
         self.checkpointed = len(self.replay) if self._checkpoint_path() else 0
         self._rows_since_checkpoint = 0
-        self._dirty = False
         self._checkpoint_at = time.monotonic()
+        self._staged: list[Mapping[str, Any]] = []
+        self._staged_rows = 0
 
     # -- building and restoring ---------------------------------------------------
 
@@ -146,18 +157,48 @@ class ReplayShard:
         tree = self.replay.tree
         return ShardSummary(
             self.shard, self.incarnation, self.version, tree.total(), tree.min(), len(self.replay),
-            self.replay.max_priority, self.added, self.checkpointed,
+            self.replay.max_priority, self.added, self.checkpointed, self._staged_rows,
         )  # fmt: skip
 
+    def refresh(self) -> ShardSummary:
+        """The learner asks how this shard stands: queued writer rows join the tree first."""
+        if self._staged:
+            self._take_staged()
+            self._changed()
+        return self.summary()
+
     def add(self, batch: Mapping[str, Any], max_priority: float) -> ShardSummary:
-        """Append rows (new ones get the larger of this shard's and the caller's max priority)."""
+        """The learner's add: rows join the tree now (with the larger of this shard's and the learner's max priority)."""
         self.replay.lift_max_priority(max_priority)
+        self._take_staged()
+        self._append(batch)
+        self._changed()
+        return self.summary()
+
+    def stage(self, batch: Mapping[str, Any], max_priority: float) -> ShardSummary:
+        """A writer's add (a batch the writer checked): queued until the learner's next call, see the module docstring."""
+        self.replay.lift_max_priority(max_priority)
+        rows = len(next(iter(batch.values())))
+        if self._staged_rows + rows > self.config.stage_rows:
+            self._take_staged()
+            self._append(batch)
+            self._changed()
+        else:
+            self._staged.append(batch)
+            self._staged_rows += rows
+        return self.summary()
+
+    def _append(self, batch: Mapping[str, Any]) -> None:
         rows = len(self.replay.add(batch))
         self.version += 1
         self.added += rows
         self._rows_since_checkpoint += rows
-        self._changed()
-        return self.summary()
+
+    def _take_staged(self) -> None:
+        """The writers' queued rows join the tree (one add per queued batch, in arrival order)."""
+        staged, self._staged, self._staged_rows = self._staged, [], 0
+        for batch in staged:
+            self._append(batch)
 
     def draw(
         self, offsets: np.ndarray, incarnation: int, version: int, routed_total: float, serve_changed: bool
@@ -186,6 +227,9 @@ class ReplayShard:
         # Float sums may put an offset a rounding step past this tree's total.
         offsets = np.minimum(offsets, np.nextafter(total, 0.0))
         rows, slots, priorities = self.replay.gather_at(offsets)
+        if self._staged:  # after serving: the reply's summary is what the learner routes its next draw by
+            self._take_staged()
+            self._changed()
         return ShardDraw(rows, slots, priorities, epoch, self.summary(), current)
 
     def update(
@@ -196,10 +240,13 @@ class ReplayShard:
         Returns ``(entries dropped, summary)``. The learner has checked the values.
         """
         if incarnation != self.incarnation:  # drawn from a previous incarnation: those slots may hold other rows
+            self._take_staged()
+            self._changed()
             return len(slots), self.summary()
         dropped, _ = self.replay.update_priorities_since(slots, td_errors, np.asarray(epochs, np.int64))
         self.replay.lift_max_priority(max_priority)
         self.version += 1
+        self._take_staged()
         self._changed()
         return dropped, self.summary()
 
@@ -216,7 +263,6 @@ class ReplayShard:
                 self.replay.flush()
             self.checkpointed = len(self.replay)
         self._rows_since_checkpoint = 0
-        self._dirty = False
         self._checkpoint_at = time.monotonic()
         return self.summary()
 
@@ -225,7 +271,6 @@ class ReplayShard:
         return os.getpid()
 
     def _changed(self) -> None:
-        self._dirty = True
         c = self.config
         if c.checkpoint_dir is None or c.storage != HOST:  # "disk" makes its durable points itself
             return

@@ -22,15 +22,21 @@ Guarantee: a batch is accepted only if every shard served it at the
 came before the batch was issued and nothing changed it before it served, so
 all shards were in those states at the instant the batch was issued: **the
 batch is drawn exactly from ``p_i ** alpha / sum_all p ** alpha`` of the whole
-replay as it was at that instant.** If any shard changed in between (a
-writer's add landed), its reply carries its new summary instead of rows and
-the learner redraws the whole batch with fresh uniforms. Whether a redraw
-happens does not depend on the uniforms, so accepted batches keep the exact
-law. After ``max_redraws`` redraws (writers adding faster than the learner's
-round trip), the last attempt is served anyway, each changed shard rescaling
-its offsets to its current total: exact within each shard, the split across
-shards one reply old. Such batches are counted in :attr:`stats`
-(``inexact_batches``).
+replay as it was at that instant.**
+
+Writers do not change a shard between the learner's calls: a shard queues
+their rows and takes them in during the learner's next call to it (after
+serving a draw, or with an update), and that call's reply carries the new
+summary (:mod:`.shard`). So with writers adding at any rate, draws are not
+redrawn; writers' rows become sampleable one learner call later. A shard
+can still change unannounced: its queue overflows (``stage_rows``), it
+restarts, or another learner uses it. Then its reply carries its new summary
+instead of rows, and the learner redraws the whole batch with fresh uniforms.
+Whether a redraw happens does not depend on the uniforms, so accepted batches
+keep the exact law. After ``max_redraws`` redraws the last attempt is served
+anyway, each changed shard rescaling its offsets to its current total: exact
+within each shard, the split across shards one reply old. Such batches are
+counted in :attr:`stats` (``inexact_batches``).
 
 Priority updates are checked on the learner, then sent, one call per shard,
 without waiting: their replies are collected before the next sample needs the
@@ -95,6 +101,8 @@ class ShardedReplay:
         name: the shards' name prefix (named Ray actors); default a fresh unique name.
         detached: keep the shards alive after this process exits (needs a running
             cluster, ``address``), so a restarted learner reattaches with :meth:`attach`.
+        stage_rows: writers' rows a shard queues (until the learner's next call) before taking them
+            in unasked; ``0`` takes every writer's add in at once (draws it overtakes are redrawn).
         max_redraws: batch redraws when shards changed under a draw (see the module docstring).
         recovery_timeout: seconds to wait for a dead shard's restart before :class:`~.cluster.ShardLostError`.
         actor_options: extra Ray actor options of the shards (``resources``, ``scheduling_strategy``, ...):
@@ -130,6 +138,7 @@ class ShardedReplay:
         checkpoint_seconds: float = 60.0,
         name: str | None = None,
         detached: bool = False,
+        stage_rows: int = 4096,
         max_redraws: int = 8,
         recovery_timeout: float = 120.0,
         actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
@@ -138,6 +147,7 @@ class ShardedReplay:
         _check_int("capacity_per_shard", capacity_per_shard, 1, MAX_CAPACITY)
         _check_int("checkpoint_every", checkpoint_every, 1, 2**62)
         _check_int("max_redraws", max_redraws, 0, 2**20)
+        _check_int("stage_rows", stage_rows, 0, 2**40)
         for arg, value in (("checkpoint_seconds", checkpoint_seconds), ("recovery_timeout", recovery_timeout)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{arg} must be a positive number of seconds, got {value!r}")
@@ -162,6 +172,7 @@ class ShardedReplay:
             storage_options=dict(storage_options) if storage_options else None,
             checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
             checkpoint_every=int(checkpoint_every), checkpoint_seconds=float(checkpoint_seconds),
+            stage_rows=int(stage_rows),
         )  # fmt: skip
         if checkpoint_dir is not None:
             import os
@@ -251,10 +262,10 @@ class ShardedReplay:
 
     @property
     def summaries(self) -> list[ShardSummary]:
-        """Each shard's state now (one round trip to every shard; writers' adds included)."""
+        """Each shard's state now (one round trip to every shard; writers' queued rows taken in first)."""
         with self._lock:
             self._collect()
-            refs = [h.summary.remote() for h in self._shards]
+            refs = [h.refresh.remote() for h in self._shards]
             for k, ref in enumerate(refs):
                 try:
                     self._summaries[k] = self._ray.get(ref)

@@ -8,8 +8,9 @@ Ray it joins the cluster on first use; it finds the shards by name.
 Each :meth:`ShardWriter.add` is checked against the schema first, then sent
 whole to one shard: the least full one (by the sizes the writer last heard
 of) or the next in turn. Adds from many writers and the learner's samples
-proceed concurrently; a shard applies calls one at a time, and a sample that
-a writer's add overtakes is redrawn (see :mod:`.sharded`). A shard that dies
+proceed concurrently. The shard queues a writer's rows and takes them into its
+tree during the learner's next call to it, so writers never make a learner's
+draw stale; the rows become sampleable one learner call later (see :mod:`.shard`). A shard that dies
 under an add is waited for (Ray restarts it) and the rows are sent again: the
 rows it had not checkpointed are its loss window.
 """
@@ -93,9 +94,9 @@ class ShardWriter:
         self._turn = (k + 1) % self.num_shards
         ray = cluster.ray_module()
         summary = cluster.wait_for(
-            lambda: ray.get(shards[k].add.remote(arrays, self._max_priority)), k, self.recovery_timeout
+            lambda: ray.get(shards[k].stage.remote(arrays, self._max_priority)), k, self.recovery_timeout
         )
-        self._sizes[k] = summary.size
+        self._sizes[k] = summary.size + summary.staged
         self._max_priority = max(self._max_priority, summary.max_priority)
         self.rows_added += rows
         return rows
