@@ -368,6 +368,21 @@ def test_writers_rows_join_at_the_learners_next_call_and_never_make_a_draw_stale
         replay.close()
 
 
+def test_rows_only_writers_added_are_sampled_and_an_undrawn_shard_takes_its_queue_in() -> None:
+    replay = ShardedReplay(2, 16, SCHEMA, seed=0)
+    try:
+        writer = replay.writer(policy="round_robin")
+        writer.add(rows(np.arange(4)))  # shard 0's queue: the learner has seen no row at all
+        assert set(replay.sample(64).data["id"]) == {0, 1, 2, 3}
+        writer.add(rows(np.arange(10, 12)))  # shard 1 is empty to the learner: it gets no draw, only the version check
+        replay.sample(8)
+        assert replay._ray.get(replay._shards[1].summary.remote()).staged == 0  # taken in during that check
+        assert 10 in replay.sample(256).data["id"]
+        assert replay.stats["redraws"] == 0
+    finally:
+        replay.close()
+
+
 def test_a_full_queue_joins_the_tree_at_once_and_the_learner_redraws() -> None:
     replay = filled_replay(seed=8, stage_rows=12)
     try:

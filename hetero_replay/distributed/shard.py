@@ -212,25 +212,28 @@ class ReplayShard:
         """
         current = (incarnation, version) == (self.incarnation, self.version)
         epoch = self.replay.write_epoch
-        empty = np.empty(0, np.int64)
+        rows, slots, priorities = self._serve(np.asarray(offsets, np.float64), current, serve_changed, routed_total)
+        if self._staged:  # after serving, on every path: the reply's summary is what the learner routes by next
+            self._take_staged()
+            self._changed()
+        return ShardDraw(rows, slots, priorities, epoch, self.summary(), current and rows is not None)
+
+    def _serve(
+        self, offsets: np.ndarray, current: bool, serve_changed: bool, routed_total: float
+    ) -> tuple[dict[str, np.ndarray] | None, np.ndarray, np.ndarray]:
+        """Rows, slots and priorities at ``offsets``; ``None`` rows when this shard must not serve."""
+        nothing = np.empty(0, np.int64), np.empty(0, self.replay.tree.dtype)
         if not current and not serve_changed:
-            return ShardDraw(None, empty, np.empty(0, self.replay.tree.dtype), epoch, self.summary(), False)
-        offsets = np.asarray(offsets, np.float64)
+            return None, *nothing
         if offsets.size == 0:
-            rows = {name: np.empty((0, *f.shape), f.dtype) for name, f in self.replay.schema.items()}
-            return ShardDraw(rows, empty, np.empty(0, self.replay.tree.dtype), epoch, self.summary(), current)
+            return {name: np.empty((0, *f.shape), f.dtype) for name, f in self.replay.schema.items()}, *nothing
         total = self.replay.tree.total()
         if total <= 0:  # changed to all-zero priorities since the routing: nothing to serve
-            return ShardDraw(None, empty, np.empty(0, self.replay.tree.dtype), epoch, self.summary(), False)
+            return None, *nothing
         if not current:
             offsets = offsets * (total / routed_total)
         # Float sums may put an offset a rounding step past this tree's total.
-        offsets = np.minimum(offsets, np.nextafter(total, 0.0))
-        rows, slots, priorities = self.replay.gather_at(offsets)
-        if self._staged:  # after serving: the reply's summary is what the learner routes its next draw by
-            self._take_staged()
-            self._changed()
-        return ShardDraw(rows, slots, priorities, epoch, self.summary(), current)
+        return self.replay.gather_at(np.minimum(offsets, np.nextafter(total, 0.0)))
 
     def update(
         self, slots: np.ndarray, epochs: np.ndarray, incarnation: int, td_errors: np.ndarray, max_priority: float

@@ -330,6 +330,9 @@ class ShardedReplay:
             for attempt in range(self.max_redraws + 1):
                 summaries = self._summaries
                 totals = np.array([s.total for s in summaries], np.float64)
+                if not totals.sum() > 0:  # empty as far as the learner knows: writers' queued rows may wait
+                    summaries = self.summaries  # (takes them in)
+                    totals = np.array([s.total for s in summaries], np.float64)
                 if not totals.sum() > 0:
                     what = "empty" if all(s.size == 0 for s in summaries) else "all priorities are 0"
                     raise ValueError(f"cannot sample from the sharded replay: {what}; add transitions first")
