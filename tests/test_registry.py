@@ -99,6 +99,8 @@ def test_info_lists_every_backend_and_storage(capsys):
     if not registry.usable("cupy")[0]:
         assert "not usable: " in lines["cupy"] and "pip install hetero-replay[cuda]" in lines["cupy"]
     assert f"threads: {hetero_replay.num_threads()}" in out
+    ray_line = next(line for line in out.splitlines() if line.startswith("distributed (ShardedReplay): "))
+    assert re.search(r"usable, ray \d|not usable: .*hetero-replay\[ray\]", ray_line)
 
 
 # -- registering ------------------------------------------------------------------------------

@@ -37,7 +37,18 @@ def info(args: argparse.Namespace) -> int:
     print(f"threads: {hetero_replay.num_threads()}")
     print()
     print(registry.describe())
+    print(f"distributed (ShardedReplay): {_ray_status()}")
     return 0
+
+
+def _ray_status() -> str:
+    """Whether ShardedReplay can run here: Ray's version, or the extra to install."""
+    from importlib import metadata
+
+    try:
+        return f"usable, ray {metadata.version('ray')}"
+    except metadata.PackageNotFoundError:
+        return "not usable: needs Ray; pip install hetero-replay[ray]"
 
 
 def _advise_arguments(p: argparse.ArgumentParser) -> None:
