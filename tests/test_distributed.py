@@ -134,6 +134,28 @@ def test_new_rows_get_the_global_max_priority_on_every_shard() -> None:
         replay.close()
 
 
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_staleness_k_delays_updates_by_k_steps_and_keeps_the_law(staleness: int) -> None:
+    # The relaxed schedule: the batch of step t sees the updates of steps <= t - k - 1.
+    replay = ShardedReplay(SHARDS, PER_SHARD, SCHEMA, alpha=1.0, eps=0.0, seed=0, staleness=staleness)
+    try:
+        replay.add(rows(np.arange(SHARDS * PER_SHARD)))
+        dominated = []
+        for step in range(6):
+            batch = replay.sample(512)
+            dominated.append(bool(np.mean(batch.data["id"] == 5) > 0.5))
+            if step == 1:  # row 5 gets a priority that dominates the rest once applied
+                replay.update_priorities(batch.indices, np.where(batch.data["id"] == 5, 1e4, 1.0))
+        assert dominated.index(True) == 1 + staleness + 1, dominated
+        assert all(dominated[1 + staleness + 1 :])
+        batch = replay.sample(8192)  # the law: row 5 holds 1e4 of 1e4 + 255 of the mass
+        assert np.mean(batch.data["id"] == 5) == pytest.approx(1e4 / (1e4 + 255), abs=0.01)
+        np.testing.assert_allclose(batch.weights[batch.data["id"] == 5], (1.0 / 1e4) ** replay.beta, rtol=1e-5)
+        assert replay.stats["redraws"] == 0
+    finally:
+        replay.close()
+
+
 def test_updates_to_overwritten_slots_are_dropped() -> None:
     replay = filled_replay(seed=4)
     try:
@@ -210,6 +232,7 @@ def test_bad_input_is_refused_and_changes_nothing() -> None:
         (dict(name="a/b"), ValueError, "name"),
         (dict(actor_options=[{}]), ValueError, "actor_options"),
         (dict(stage_rows=-1), ValueError, "stage_rows"),
+        (dict(staleness=3), ValueError, "staleness"),
         (dict(alpha=-1.0), ValueError, "alpha"),
     ],
 )

@@ -65,7 +65,7 @@ def test_the_buffer_samples_from_the_shards_with_global_weights() -> None:
         (dict(distributed=dict(address=None)), ValueError, "num_shards"),
         (dict(distributed=dict(num_shards=2), optimize_memory_usage=True, handle_timeout_termination=False),
          ValueError, "optimize_memory_usage"),
-        (dict(distributed=dict(num_shards=2), staleness=1), ValueError, "staleness"),
+        (dict(distributed=dict(num_shards=2), staleness=3), ValueError, "staleness"),
         (dict(distributed=dict(num_shards=2), storage="disk"), ValueError, "storage"),
         (dict(distributed=dict(num_shards=2), mapping=Mapping()), ValueError, "mapping"),
         (dict(distributed=dict(num_shards=0)), ValueError, "num_shards"),
@@ -98,16 +98,19 @@ def test_a_ready_sharded_replay_must_have_the_buffers_schema() -> None:
         mine.close()
 
 
-@pytest.mark.parametrize("algo, env", [(PERDQN, "CartPole-v1"), (PERSAC, "Pendulum-v1"), (PERTD3, "Pendulum-v1")])
-def test_per_algorithms_train_from_a_sharded_replay(algo: type, env: str) -> None:
+@pytest.mark.parametrize(
+    "algo, env, staleness",
+    [(PERDQN, "CartPole-v1", 0), (PERSAC, "Pendulum-v1", 0), (PERTD3, "Pendulum-v1", 0), (PERDQN, "CartPole-v1", 2)],
+)
+def test_per_algorithms_train_from_a_sharded_replay(algo: type, env: str, staleness: int) -> None:
     model = algo(
         "MlpPolicy", env, learning_starts=100, batch_size=32, train_freq=8, gradient_steps=4, seed=0, device="cpu",
-        policy_kwargs=dict(net_arch=[32, 32]), replay_buffer_kwargs=dict(distributed=dict(num_shards=2)),
+        policy_kwargs=dict(net_arch=[32, 32]), replay_buffer_kwargs=dict(distributed=dict(num_shards=2), staleness=staleness),
     )  # fmt: skip
     try:
         model.learn(400)
         replay = model.replay_buffer.replay
-        assert model._n_updates > 0
+        assert model._n_updates > 0 and replay.staleness == staleness
         assert replay.stats["batches"] >= model._n_updates  # every gradient step sampled the shards
         assert model.replay_buffer.max_priority > 1.0 or model.replay_buffer.max_priority < 1.0  # TD errors fed back
         assert all(s.version > 1 for s in replay.summaries)

@@ -152,8 +152,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             ``storage``, ...; the capacity ``buffer_size`` is split evenly over the
             shards; the PER options and ``seed`` are this buffer's), or a ready
             ``ShardedReplay`` whose schema is this buffer's (then its own
-            options apply). Not with ``optimize_memory_usage``, ``staleness >= 1``,
-            ``mapping`` or ``storage``; the array attributes (``observations``,
+            options apply). ``staleness`` (0, 1 or 2) is the ShardedReplay's. Not with
+            ``optimize_memory_usage``, ``mapping`` or ``storage``; the array attributes (``observations``,
             ...) are not available, and ``save_replay_buffer`` is refused
             (shards checkpoint themselves).
 
@@ -209,7 +209,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         # The PER options are checked by PEROptions; these arguments are the
         # adapter's own (or would reach NumPy unnamed).
         _check_int("buffer_size", buffer_size, minimum=1)
-        _check_distributed(distributed, optimize_memory_usage, staleness, mapping, storage)
+        _check_distributed(distributed, optimize_memory_usage, mapping, storage)
         self._distributed = distributed
         self.staleness = check_staleness(staleness)
         self.prefetch = check_staleness(prefetch, "prefetch")
@@ -390,9 +390,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if self.handle_timeout_termination:
             fields["timeout"] = Field((), np.dtype(np.float32))
         if self._distributed is not None:
-            return _sharded_replay(
-                self._distributed, self.buffer_size * self.n_envs, Schema(fields), seed, self._config
-            )
+            capacity = self.buffer_size * self.n_envs
+            return _sharded_replay(self._distributed, capacity, Schema(fields), seed, self._config, self.staleness)
         replay = PrioritizedReplay(self.buffer_size * self.n_envs, Schema(fields), seed=seed, **self._config)
         return RelaxedReplay(replay, self.staleness, self.prefetch) if self.staleness else replay
 
@@ -897,9 +896,7 @@ def _host_copy(value: np.ndarray | th.Tensor) -> np.ndarray:
     return value.cpu().numpy().copy() if isinstance(value, th.Tensor) else np.array(value)
 
 
-def _check_distributed(
-    distributed: Any, optimize_memory_usage: Any, staleness: Any, mapping: Any, storage: Any
-) -> None:
+def _check_distributed(distributed: Any, optimize_memory_usage: Any, mapping: Any, storage: Any) -> None:
     """``distributed=`` is a dict of ShardedReplay arguments or a ShardedReplay, and excludes what a local engine needs."""
     if distributed is None:
         return
@@ -912,7 +909,6 @@ def _check_distributed(
         raise ValueError("distributed needs num_shards, e.g. distributed=dict(num_shards=2)")
     for name, value, default in [
         ("optimize_memory_usage", optimize_memory_usage, False),
-        ("staleness", staleness, 0),
         ("mapping", mapping, None),
         ("storage", storage, "host"),
     ]:
@@ -923,7 +919,9 @@ def _check_distributed(
             )
 
 
-def _sharded_replay(distributed: Any, capacity: int, schema: Schema, seed: int, config: dict[str, Any]) -> Any:
+def _sharded_replay(
+    distributed: Any, capacity: int, schema: Schema, seed: int, config: dict[str, Any], staleness: int
+) -> Any:
     """The ShardedReplay of a buffer with ``distributed=``: built from its arguments, or the given one checked."""
     if isinstance(distributed, ShardedReplay):
         if distributed.schema != schema:
@@ -931,12 +929,19 @@ def _sharded_replay(distributed: Any, capacity: int, schema: Schema, seed: int, 
                 f"the ShardedReplay's schema {distributed.schema!r} is not this buffer's {schema!r} "
                 "(build it with the same spaces, or pass distributed=dict(num_shards=...))"
             )
+        if distributed.staleness != staleness:
+            raise ValueError(
+                f"staleness={staleness}, but the ShardedReplay given has staleness={distributed.staleness}: "
+                "build it with ShardedReplay(..., staleness=...)"
+            )
         return distributed
     kwargs = dict(distributed)
     num_shards = kwargs.pop("num_shards")
     _check_int("distributed num_shards", num_shards, minimum=1)
     per_shard = -(-capacity // num_shards)
-    return ShardedReplay(num_shards, per_shard, schema, seed=seed, options=config["options"], **kwargs)
+    return ShardedReplay(
+        num_shards, per_shard, schema, seed=seed, options=config["options"], staleness=staleness, **kwargs
+    )
 
 
 class _FieldRows:

@@ -71,8 +71,10 @@ class ShardDraw(NamedTuple):
     slots: np.ndarray
     priorities: np.ndarray
     epoch: int  # write epoch at the draw: later writes to these slots make their updates stale
-    summary: ShardSummary
+    summary: ShardSummary  # after the draw, and after the updates and queued rows the call brought in
     current: bool  # served at the routed version (False: rescaled to a newer total, or nothing served)
+    min: float  # the smallest positive priority when served (the IS weights' normaliser)
+    dropped: int  # entries of the carried updates dropped (slot rewritten, or drawn before a restart)
 
 
 @dataclass(frozen=True)
@@ -201,22 +203,32 @@ class ReplayShard:
             self._append(batch)
 
     def draw(
-        self, offsets: np.ndarray, incarnation: int, version: int, routed_total: float, serve_changed: bool
-    ) -> ShardDraw:
+        self, offsets: np.ndarray, incarnation: int, version: int, routed_total: float, serve_changed: bool,
+        updates: tuple[tuple[np.ndarray, np.ndarray, int, np.ndarray], ...] = (), max_priority: float = 1.0,
+    ) -> ShardDraw:  # fmt: skip
         """The transitions at ``offsets`` (masses in ``[0, routed_total)``, the total of the routed version).
 
         If this shard is no longer at ``(incarnation, version)`` it serves
         nothing, unless ``serve_changed``: then the offsets are rescaled to its
         current total (exact within the shard, the split across shards one
-        version old).
+        version old). ``updates`` (``(slots, epochs, incarnation, td_errors)``
+        each, as :meth:`update` takes them) are applied after serving: a learner
+        with staleness carries its updates on its next draw.
         """
         current = (incarnation, version) == (self.incarnation, self.version)
-        epoch = self.replay.write_epoch
+        epoch, served_min = self.replay.write_epoch, self.replay.tree.min()
         rows, slots, priorities = self._serve(np.asarray(offsets, np.float64), current, serve_changed, routed_total)
-        if self._staged:  # after serving, on every path: the reply's summary is what the learner routes by next
+        dropped = sum(self._apply_update(*u) for u in updates)
+        if updates:
+            self.replay.lift_max_priority(max_priority)
+        took = bool(self._staged)
+        if took:  # after serving, on every path: the reply's summary is what the learner routes by next
             self._take_staged()
+        if updates or took:
             self._changed()
-        return ShardDraw(rows, slots, priorities, epoch, self.summary(), current and rows is not None)
+        return ShardDraw(
+            rows, slots, priorities, epoch, self.summary(), current and rows is not None, served_min, dropped
+        )
 
     def _serve(
         self, offsets: np.ndarray, current: bool, serve_changed: bool, routed_total: float
@@ -242,16 +254,18 @@ class ReplayShard:
 
         Returns ``(entries dropped, summary)``. The learner has checked the values.
         """
-        if incarnation != self.incarnation:  # drawn from a previous incarnation: those slots may hold other rows
-            self._take_staged()
-            self._changed()
-            return len(slots), self.summary()
-        dropped, _ = self.replay.update_priorities_since(slots, td_errors, np.asarray(epochs, np.int64))
+        dropped = self._apply_update(slots, epochs, incarnation, td_errors)
         self.replay.lift_max_priority(max_priority)
-        self.version += 1
         self._take_staged()
         self._changed()
         return dropped, self.summary()
+
+    def _apply_update(self, slots: np.ndarray, epochs: np.ndarray, incarnation: int, td_errors: np.ndarray) -> int:
+        if incarnation != self.incarnation:  # drawn from a previous incarnation: those slots may hold other rows
+            return len(slots)
+        dropped, _ = self.replay.update_priorities_since(slots, td_errors, np.asarray(epochs, np.int64))
+        self.version += 1
+        return dropped
 
     def read(self, name: str, slots: np.ndarray) -> np.ndarray:
         return np.asarray(self.replay.read_rows(name, slots))

@@ -40,7 +40,9 @@ counted in :attr:`stats` (``inexact_batches``).
 
 Priority updates are checked on the learner, then sent, one call per shard,
 without waiting: their replies are collected before the next sample needs the
-summaries, so the round trips overlap the learner's work. Each index carries
+summaries. With ``staleness`` 1 or 2 they ride on the next draw's calls instead
+(and with 2 the next draw is sent before training): the relaxed pipeline's
+schedule, each batch still exact for the state it was issued in. Each index carries
 (shard, incarnation, slot, write epoch); a shard drops entries whose slot was
 rewritten since the draw, or which were drawn before it restarted.
 
@@ -103,6 +105,12 @@ class ShardedReplay:
             cluster, ``address``), so a restarted learner reattaches with :meth:`attach`.
         stage_rows: writers' rows a shard queues (until the learner's next call) before taking them
             in unasked; ``0`` takes every writer's add in at once (draws it overtakes are redrawn).
+        staleness: ``0`` (exact PER: each batch sees every earlier update, two rounds of calls per
+            step); ``1``: a priority update rides on the next draw's calls and is applied after
+            that draw (one round per step; batch ``t`` sees the updates of steps ``<= t - 2``);
+            ``2``: also the next batch is drawn while the learner trains on this one (no round trip
+            exposed; batch ``t`` sees the updates of steps ``<= t - 3``). The schedule of
+            :class:`~hetero_replay.RelaxedReplay`, deterministic for a seed.
         max_redraws: batch redraws when shards changed under a draw (see the module docstring).
         recovery_timeout: seconds to wait for a dead shard's restart before :class:`~.cluster.ShardLostError`.
         actor_options: extra Ray actor options of the shards (``resources``, ``scheduling_strategy``, ...):
@@ -139,6 +147,7 @@ class ShardedReplay:
         name: str | None = None,
         detached: bool = False,
         stage_rows: int = 4096,
+        staleness: int = 0,
         max_redraws: int = 8,
         recovery_timeout: float = 120.0,
         actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
@@ -148,6 +157,7 @@ class ShardedReplay:
         _check_int("checkpoint_every", checkpoint_every, 1, 2**62)
         _check_int("max_redraws", max_redraws, 0, 2**20)
         _check_int("stage_rows", stage_rows, 0, 2**40)
+        _check_int("staleness", staleness, 0, 2)
         for arg, value in (("checkpoint_seconds", checkpoint_seconds), ("recovery_timeout", recovery_timeout)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{arg} must be a positive number of seconds, got {value!r}")
@@ -187,12 +197,12 @@ class ShardedReplay:
             cluster.start_shard(self.name, k, config, self.detached, {**strategy, **per_shard[k]})
             for k in range(num_shards)
         ]
-        self._setup(handles, config, seed, max_redraws, recovery_timeout)
+        self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness)
 
     @classmethod
     def attach(
         cls, name: str, address: str | None = None, seed: int | None = None, max_redraws: int = 8,
-        recovery_timeout: float = 120.0,
+        recovery_timeout: float = 120.0, staleness: int = 0,
     ) -> ShardedReplay:  # fmt: skip
         """The learner side of running (detached) shards named ``name``: a restarted learner continues with them."""
         cluster.connect(address)
@@ -201,12 +211,14 @@ class ShardedReplay:
         self.address = cluster.connect(address)
         self.name, self.detached = name, True
         config = cluster.ray_module().get(handles[0].__ray_call__.remote(lambda shard: shard.config))
-        self._setup(handles, config, seed, max_redraws, recovery_timeout)
+        _check_int("staleness", staleness, 0, 2)
+        self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness)
         return self
 
     def _setup(
-        self, handles: list[Any], config: ShardConfig, seed: int | None, max_redraws: int, recovery_timeout: float
-    ) -> None:
+        self, handles: list[Any], config: ShardConfig, seed: int | None, max_redraws: int, recovery_timeout: float,
+        staleness: int,
+    ) -> None:  # fmt: skip
         self._ray = cluster.ray_module()
         self._shards = handles
         self.config = config
@@ -220,6 +232,10 @@ class ShardedReplay:
         self._lock = threading.RLock()
         self._pending: list[tuple[int, Any]] = []  # (shard, reply of an update or add not yet collected)
         self._next_shard = 0
+        self.staleness = staleness
+        # staleness >= 1: checked updates waiting to ride on each shard's next draw call.
+        self._carry: list[list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = [[] for _ in handles]
+        self._prefetched: tuple[int, np.ndarray, list[Any]] | None = None  # staleness 2: (n, shard_of, replies)
         self._max_leaf = max_leaf(np.dtype(self.options.priority_dtype), config.capacity)
         self.stats = {"batches": 0, "redraws": 0, "inexact_batches": 0, "dropped_updates": 0, "recoveries": 0}
         self._summaries: list[ShardSummary] = [
@@ -264,11 +280,12 @@ class ShardedReplay:
     def summaries(self) -> list[ShardSummary]:
         """Each shard's state now (one round trip to every shard; writers' queued rows taken in first)."""
         with self._lock:
+            self._deliver_carry()
             self._collect()
             refs = [h.refresh.remote() for h in self._shards]
             for k, ref in enumerate(refs):
                 try:
-                    self._summaries[k] = self._ray.get(ref)
+                    self._store(k, self._ray.get(ref))
                 except cluster.actor_errors():
                     self._recover(k)
             return list(self._summaries)
@@ -327,24 +344,52 @@ class ShardedReplay:
         b = self._beta if beta is None else check_beta(beta)
         with self._lock:
             self._collect()
-            for attempt in range(self.max_redraws + 1):
-                summaries = self._summaries
-                totals = np.array([s.total for s in summaries], np.float64)
-                if not totals.sum() > 0:  # empty as far as the learner knows: writers' queued rows may wait
-                    summaries = self.summaries  # (takes them in)
-                    totals = np.array([s.total for s in summaries], np.float64)
-                if not totals.sum() > 0:
-                    what = "empty" if all(s.size == 0 for s in summaries) else "all priorities are 0"
-                    raise ValueError(f"cannot sample from the sharded replay: {what}; add transitions first")
-                shard_of, offsets = self._route(n, totals)
-                serve_changed = attempt == self.max_redraws
-                draws = self._draw(shard_of, offsets, totals, serve_changed)
-                if draws is not None:
-                    self.stats["batches"] += 1
-                    self.stats["inexact_batches"] += not all(d.current for d in draws)
-                    return self._assemble(shard_of, draws, b)
-                self.stats["redraws"] += 1
-            raise ValueError("the sharded replay's priority mass vanished while drawing (all shards cleared)")
+            batch = self._take_prefetched(n, b)
+            if batch is None:
+                batch = self._draw_now(n, b)
+            if self.staleness == 2:
+                self._prefetch(n)
+            return batch
+
+    def _draw_now(self, n: int, beta: float) -> Sample:
+        """Draw a batch and wait for it, redrawing while shards changed under it (see the module docstring)."""
+        for attempt in range(self.max_redraws + 1):
+            totals = np.array([s.total for s in self._summaries], np.float64)
+            if not totals.sum() > 0:  # empty as far as the learner knows: writers' queued rows may wait
+                totals = np.array([s.total for s in self.summaries], np.float64)  # (takes them in)
+            if not totals.sum() > 0:
+                what = "empty" if all(s.size == 0 for s in self._summaries) else "all priorities are 0"
+                raise ValueError(f"cannot sample from the sharded replay: {what}; add transitions first")
+            shard_of, offsets = self._route(n, totals)
+            draws = self._receive(self._send_draw(shard_of, offsets, totals, attempt == self.max_redraws))
+            if draws is not None:
+                return self._accept(shard_of, draws, beta)
+            self.stats["redraws"] += 1
+        raise ValueError("the sharded replay's priority mass vanished while drawing (all shards cleared)")
+
+    def _prefetch(self, n: int) -> None:
+        """Send the next batch's draw now (staleness 2): the shards serve it while the learner trains."""
+        totals = np.array([s.total for s in self._summaries], np.float64)
+        if totals.sum() > 0:
+            shard_of, offsets = self._route(n, totals)
+            self._prefetched = (n, shard_of, self._send_draw(shard_of, offsets, totals, False))
+
+    def _take_prefetched(self, n: int, beta: float) -> Sample | None:
+        """The prefetched batch, if there is one of ``n`` transitions that every shard served as routed."""
+        if self._prefetched is None:
+            return None
+        (size, shard_of, replies), self._prefetched = self._prefetched, None
+        draws = self._receive(replies)
+        if draws is None:
+            self.stats["redraws"] += 1
+        if draws is None or size != n:  # (a batch of another size is asked for: this one is dropped)
+            return None
+        return self._accept(shard_of, draws, beta)
+
+    def _accept(self, shard_of: np.ndarray, draws: list[ShardDraw], beta: float) -> Sample:
+        self.stats["batches"] += 1
+        self.stats["inexact_batches"] += not all(d.current for d in draws)
+        return self._assemble(shard_of, draws, beta)
 
     def update_priorities(self, indices: Any, td_errors: Any) -> None:
         """Set the priorities of sampled transitions from their ``|TD error|`` (``(|td| + eps) ** alpha``).
@@ -399,10 +444,11 @@ class ShardedReplay:
                 sub = idx[mine]
                 for inc in np.unique(sub["incarnation"]):  # one per restart the batch straddles (almost always one)
                     part = sub["incarnation"] == inc
-                    reply = self._shards[k].update.remote(
-                        sub["slot"][part], sub["epoch"][part], int(inc), td[mine][part], top
-                    )
-                    self._pending.append((int(k), reply))
+                    update = (sub["slot"][part], sub["epoch"][part], int(inc), td[mine][part])
+                    if self.staleness:
+                        self._carry[k].append(update)
+                    else:
+                        self._pending.append((int(k), self._shards[k].update.remote(*update, top)))
 
     # -- routing and assembling ------------------------------------------------------------
 
@@ -427,16 +473,23 @@ class ShardedReplay:
         offsets = np.clip(offsets, 0.0, np.nextafter(totals[shard_of], 0.0))
         return shard_of, offsets
 
-    def _draw(
+    def _send_draw(
         self, shard_of: np.ndarray, offsets: np.ndarray, totals: np.ndarray, serve_changed: bool
-    ) -> list[ShardDraw] | None:
-        """One draw call per shard, all in flight at once; ``None`` if any shard had changed."""
+    ) -> list[Any]:
+        """One draw call per shard, all sent at once (with the updates each carries); their replies."""
+        top = max(s.max_priority for s in self._summaries)
         replies = []
         for k, h in enumerate(self._shards):
-            s = self._summaries[k]
+            s, carry = self._summaries[k], tuple(self._carry[k])
+            self._carry[k] = []
+            offsets_k = offsets[shard_of == k]
             replies.append(
-                h.draw.remote(offsets[shard_of == k], s.incarnation, s.version, float(totals[k]), serve_changed)
+                h.draw.remote(offsets_k, s.incarnation, s.version, float(totals[k]), serve_changed, carry, top)
             )
+        return replies
+
+    def _receive(self, replies: list[Any]) -> list[ShardDraw] | None:
+        """Wait for the draw replies; ``None`` if any shard had changed (or died: it is waited for)."""
         draws: list[ShardDraw] = []
         lost = False
         for k, ref in enumerate(replies):
@@ -446,7 +499,8 @@ class ShardedReplay:
                 self._recover(k)
                 lost = True
                 continue
-            self._summaries[k] = draw.summary
+            self._store(k, draw.summary)
+            self.stats["dropped_updates"] += draw.dropped
             draws.append(draw)
         if lost or any(d.rows is None for d in draws):
             return None
@@ -474,7 +528,7 @@ class ShardedReplay:
             data = {k: v[unsort] for k, v in data.items()}
         for k, v in parts.items():
             index[k] = v
-        global_min = min(s.min for s in self._summaries if s.total > 0)
+        global_min = min(d.min for d in draws)  # each shard's, when it served: the state the batch was drawn from
         weights = _native.is_weights(priorities, global_min, beta)
         return Sample(data, index, weights)
 
@@ -490,10 +544,24 @@ class ShardedReplay:
                 self._recover(k)  # that call's work is in the shard's loss window
                 continue
             if isinstance(reply, ShardSummary):
-                self._summaries[k] = reply
+                self._store(k, reply)
             else:
-                dropped, self._summaries[k] = reply
+                dropped, summary = reply
+                self._store(k, summary)
                 self.stats["dropped_updates"] += dropped
+
+    def _deliver_carry(self) -> None:
+        """Send the updates still waiting for a draw to carry them (staleness >= 1) on their own."""
+        top = max(s.max_priority for s in self._summaries)
+        for k, carry in enumerate(self._carry):
+            self._pending.extend((k, self._shards[k].update.remote(*update, top)) for update in carry)
+            carry.clear()
+
+    def _store(self, k: int, summary: ShardSummary) -> None:
+        """Take in a reply's summary of shard ``k``, unless a newer one of the same incarnation is known."""
+        known = self._summaries[k]
+        if summary.incarnation != known.incarnation or summary.version >= known.version:
+            self._summaries[k] = summary
 
     def _reply(self, method: Any) -> Any:
         """Call a shard's ``method`` (no arguments) and wait for its reply."""
@@ -507,8 +575,9 @@ class ShardedReplay:
         self.stats["recoveries"] += 1
 
     def flush(self) -> None:
-        """Checkpoint every shard now and wait (with a ``checkpoint_dir``)."""
+        """Apply the updates still carried (staleness >= 1), then checkpoint every shard now and wait."""
         with self._lock:
+            self._deliver_carry()
             self._collect()
             refs = [h.checkpoint.remote() for h in self._shards]
             for k, ref in enumerate(refs):
@@ -537,6 +606,7 @@ class ShardedReplay:
         """Stop using the shards; kill them unless they are detached (``destroy`` overrides)."""
         with self._lock:
             try:
+                self._deliver_carry()
                 self._collect()
             except cluster.ShardLostError:
                 pass
