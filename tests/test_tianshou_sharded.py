@@ -262,6 +262,25 @@ def test_continuous_actions_train_from_the_shards(ray_local, algo: str) -> None:
         buf.close()
 
 
+def test_the_replays_own_staleness_trains_with_the_relaxed_schedule(ray_local) -> None:
+    env = gym.make(ENV)
+    algorithm = PEROffPolicyWrapper(wrapped_algorithm=standard_algorithm("dqn", env, HP), beta=0.4)
+    buf = ShardedVectorReplayBuffer(
+        2, num_shards=2, capacity_per_shard=1000, seed=0, staleness=2,
+        observation_space=env.observation_space, action_space=env.action_space,
+    )  # fmt: skip
+    try:
+        _collected(buf, algorithm, steps=100)
+        with policy_within_training_step(algorithm.policy):
+            stats = [algorithm.update(buf, 32) for _ in range(8)]
+        replay = buf.replay
+        assert replay.staleness == 2 and replay.stats["batches"] >= 8 and replay.stats["redraws"] == 0
+        assert replay.max_priority != 1.0  # the carried TD errors reached the shards
+        assert all(0 < s.is_weight_mean <= 1.0 for s in stats)
+    finally:
+        buf.close()
+
+
 # -- (c) refused input -----------------------------------------------------------------------------
 
 
@@ -297,7 +316,10 @@ def test_n_step_and_staleness_are_refused_before_anything_changes(ray_local) -> 
 
         dqn.n_step = 1
         stale = PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, staleness=1)
-        with policy_within_training_step(stale.policy), pytest.raises(TypeError, match="staleness=1"):
+        with (
+            policy_within_training_step(stale.policy),
+            pytest.raises(TypeError, match="staleness=1.*ShardedVectorReplayBuffer"),
+        ):
             stale.update(buf, 16)
         assert (buf.staged, buf.sent) == (staged, 0) and _state(buf.replay) == before
 

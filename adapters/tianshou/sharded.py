@@ -114,9 +114,10 @@ def check_sharded_training(algorithm: OffPolicyAlgorithm, staleness: int) -> Non
             )
     if staleness:
         raise TypeError(
-            f"staleness={staleness} needs a HeteroPrioritizedReplayBuffer or HeteroPrioritizedVectorReplayBuffer, "
-            "got a ShardedVectorReplayBuffer: a sharded replay's priority updates are already sent without "
-            "waiting (they land before the next sample), so use staleness=0"
+            f"the wrapper's staleness={staleness} defers updates through a local buffer's write tracking; "
+            "with a ShardedVectorReplayBuffer give the replay its staleness instead "
+            "(ShardedVectorReplayBuffer(..., staleness=...), ShardedReplay's relaxed schedule) and keep the "
+            "wrapper's at 0"
         )
 
 
