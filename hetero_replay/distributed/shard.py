@@ -41,8 +41,8 @@ import numpy as np
 
 from hetero_replay.options import PEROptions
 from hetero_replay.replay import PrioritizedReplay
-from hetero_replay.storage import DISK, HOST, Field, Schema
-from hetero_replay.storage.base import check_batch
+from hetero_replay.storage import DISK, HOST, Schema
+from hetero_replay.storage.base import check_host_batch
 
 #: Storages a shard can hold. A Ray actor's rows arrive through Ray, so a
 #: "shared" ring (for writer processes on one machine) has nothing to add.
@@ -97,11 +97,7 @@ class ShardConfig:
 
 def validate_rows(schema: Schema, capacity: int, batch: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
     """A batch checked (and cast) against ``schema`` before any shard sees it, as one buffer checks it."""
-    return check_batch(schema, capacity, batch, True, np.asarray, _cast)
-
-
-def _cast(name: str, field: Field, arr: np.ndarray) -> np.ndarray:
-    return arr if arr.dtype == field.dtype else field.cast(name, arr)
+    return check_host_batch(schema, capacity, batch)
 
 
 class ReplayShard:

@@ -54,6 +54,7 @@ Writers send the largest they have seen in replies.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import uuid
@@ -605,11 +606,10 @@ class ShardedReplay:
     def close(self, destroy: bool | None = None) -> None:
         """Stop using the shards; kill them unless they are detached (``destroy`` overrides)."""
         with self._lock:
-            try:
+            # A shard lost for good must not keep the others alive: its pending replies are given up.
+            with contextlib.suppress(cluster.ShardLostError):
                 self._deliver_carry()
                 self._collect()
-            except cluster.ShardLostError:
-                pass
             if destroy if destroy is not None else not self.detached:
                 for h in self._shards:
                     self._ray.kill(h, no_restart=True)

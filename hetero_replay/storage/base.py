@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from hetero_replay.storage.schema import Field, Schema
 
 
@@ -136,8 +138,17 @@ def check_batch(
     return rows, out
 
 
+def check_host_batch(schema: Schema, capacity: int, batch: Any, every_field: bool = True) -> tuple[int, dict[str, Any]]:
+    """:func:`check_batch` into NumPy arrays of the fields' dtypes (host storages, and a sharded replay's learner)."""
+    return check_batch(schema, capacity, batch, every_field, np.asarray, _cast_host)
+
+
+def _cast_host(name: str, field: Field, arr: np.ndarray) -> np.ndarray:
+    return arr if arr.dtype == field.dtype else field.cast(name, arr)
+
+
 def _fmt(shape: tuple[Any, ...]) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-__all__ = ["RingStorage", "Storage", "check_batch"]
+__all__ = ["RingStorage", "Storage", "check_batch", "check_host_batch"]

@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 
 from hetero_replay import _native, checkpoint
-from hetero_replay.storage.base import check_batch
-from hetero_replay.storage.host import _cast, _contiguous_strides, record_layout
+from hetero_replay.storage.base import check_host_batch
+from hetero_replay.storage.host import _contiguous_strides, record_layout
 from hetero_replay.storage.ring import RingControl, RingOwner, RingReader, RingWriter, pid_alive
 from hetero_replay.storage.schema import Schema
 
@@ -264,10 +264,10 @@ class DiskStorage(RingOwner):
     # -- the Storage protocol ---------------------------------------------------------
 
     def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
-        return check_batch(self.schema, self.capacity, batch, True, np.asarray, _cast)
+        return check_host_batch(self.schema, self.capacity, batch)
 
     def validate_fields(self, fields: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
-        return check_batch(self.schema, self.capacity, fields, False, np.asarray, _cast)
+        return check_host_batch(self.schema, self.capacity, fields, every_field=False)
 
     def _read(self, slots: np.ndarray) -> np.ndarray:
         records = np.empty((len(slots), self.format.bytes), np.uint8)

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from hetero_replay._native import RowAccess
-from hetero_replay.storage.base import check_batch
-from hetero_replay.storage.schema import Field, Schema
+from hetero_replay.storage.base import check_host_batch
+from hetero_replay.storage.schema import Schema
 
 
 class HostStorage:
@@ -59,11 +59,11 @@ class HostStorage:
         same kind (float64 -> float32 is fine, float -> int is not) without
         changing a value (see :meth:`Field.cast`).
         """
-        return check_batch(self.schema, self.capacity, batch, True, np.asarray, _cast)
+        return check_host_batch(self.schema, self.capacity, batch)
 
     def validate_fields(self, fields: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
         """:meth:`validate` for some of the fields."""
-        return check_batch(self.schema, self.capacity, fields, False, np.asarray, _cast)
+        return check_host_batch(self.schema, self.capacity, fields, every_field=False)
 
     def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
         """Write validated rows at ring positions ``start, start + 1, ...`` (wrapping).
@@ -124,7 +124,3 @@ def _contiguous_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...
         strides.append(step)
         step *= size
     return tuple(reversed(strides))
-
-
-def _cast(name: str, field: Field, arr: np.ndarray) -> np.ndarray:
-    return arr if arr.dtype == field.dtype else field.cast(name, arr)

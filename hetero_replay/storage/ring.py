@@ -35,8 +35,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from hetero_replay import _native
-from hetero_replay.storage.base import check_batch
-from hetero_replay.storage.schema import Field, Schema
+from hetero_replay.storage.base import check_host_batch
+from hetero_replay.storage.schema import Schema
 
 MAGIC = 0x48524E47_00000001  # "HRNG", format 1
 MAX_WRITERS = 4096  # writer tags are 14 bits (ring_slots.hpp); each process takes one while it lives
@@ -322,7 +322,7 @@ class RingWriter:
             TypeError, ValueError: the batch does not match the schema (nothing is written).
             RingClosedError: the buffer's owner has closed it.
         """
-        rows, arrays = check_batch(self.schema, self.capacity, batch, True, np.asarray, _cast)
+        rows, arrays = check_host_batch(self.schema, self.capacity, batch)
         sink = self._open()
         if sink.control.closed:
             raise RingClosedError(f"{sink.control.path}: the buffer was closed by its owner")
@@ -438,10 +438,6 @@ class RingReader:
         self.committed = int(np.count_nonzero(self.seen > 0))
         self.scanned = self.control.tickets
         self._pending, self._pending_since = np.empty(0, np.int64), np.empty(0)
-
-
-def _cast(name: str, field: Field, arr: np.ndarray) -> np.ndarray:
-    return arr if arr.dtype == field.dtype else field.cast(name, arr)
 
 
 __all__ = [
