@@ -13,7 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Bottom-up. A module may import modules of its own layer or below, never above.
 LAYERS = [
-    ("hetero_replay._native", "hetero_replay._rmm_emu", "hetero_replay.registry", "hetero_replay.forksafe"),
+    (
+        "hetero_replay._native",
+        "hetero_replay._rmm_emu",
+        "hetero_replay.registry",
+        "hetero_replay.forksafe",
+        "hetero_replay.checks",  # argument checks: NumPy and the standard library only
+    ),
     (
         "hetero_replay.trees",
         "hetero_replay.fpga",
