@@ -21,9 +21,11 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from hetero_replay import _native
-from hetero_replay.options import PEROptions, check_alpha, check_beta, check_eps, check_floor, real
+from hetero_replay.checks import check_real
+from hetero_replay.options import PEROptions, check_alpha, check_beta, check_eps, check_floor
 from hetero_replay.trees import SumTree, make_tree
-from hetero_replay.trees.base import describe_max_leaf
+from hetero_replay.trees.base import DeviceTree, describe_max_leaf
+from hetero_replay.trees.numpy_tree import as_indices
 
 Normalise = Literal["global", "batch"]
 
@@ -183,7 +185,7 @@ class Priorities:
         global one, so its new transitions get the priority a single buffer
         would give them. Refused values change nothing.
         """
-        value = real("max_priority", value)
+        value = check_real(value, "max_priority")
         if value <= self._max_priority:
             return
         old, self._max_priority = self._max_priority, value
@@ -206,24 +208,83 @@ class Priorities:
         self.tree.update(snapshot.indices, snapshot.leaves)
         self._max_priority = snapshot.max_priority
 
-    def update(self, indices: Any, td_errors: Any, limit: int | None = None) -> None:
+    def update(self, indices: Any, td_errors: Any, limit: int | None = None, filled_only: bool = False) -> None:
         """Set priorities from ``|TD errors|``: ``(|td| + eps) ** alpha``.
 
-        Indices must lie in ``[0, limit)`` (default: all slots). A NaN,
-        infinite or negative TD error, or one whose priority the tree cannot
-        sum, raises ``ValueError`` naming its position; a bad index
+        Indices must lie in ``[0, limit)`` (default: all slots) and, with
+        ``filled_only``, hold a positive priority (see :meth:`check_filled`). A
+        NaN, infinite or negative TD error, or one whose priority the tree
+        cannot sum, raises ``ValueError`` naming its position; a bad index
         ``IndexError``; nothing changes on error.
         """
+        if filled_only:
+            self.check_filled(indices)
         max_raw = self.tree.update_td(indices, td_errors, self._alpha, self._eps, limit)
         if max_raw > self._max_priority:
             self._max_priority = max_raw
+
+    def update_since(
+        self,
+        indices: Any,
+        td_errors: Any,
+        epoch: int | np.ndarray,
+        limit: int | None = None,
+        keep_undo: bool = False,
+        filled_only: bool = False,
+    ) -> tuple[int, PrioritySnapshot | None]:
+        """:meth:`update` for a batch drawn at write ``epoch``: the one rule for late updates.
+
+        Entries whose slot was written after ``epoch`` hold another transition
+        by now, so their TD errors are dropped (``epoch`` may be one per
+        entry; needs :meth:`track_writes`). With ``keep_undo``, the priorities
+        of the slots about to change are kept in a snapshot that
+        :meth:`restore` undoes the update with exactly. ``limit`` and
+        ``filled_only`` as in :meth:`update`.
+
+        Returns:
+            ``(entries dropped, snapshot or None)``.
+
+        Raises:
+            ValueError, IndexError, TypeError: as :meth:`update` (positions then
+                count the entries not dropped), or a number of TD errors other
+                than the number of indices; nothing changes on error.
+        """
+        stale = self.overwritten_since(indices, epoch)
+        dropped = 0
+        if stale is not None:
+            count = _size(td_errors)
+            if count != stale.size:
+                raise ValueError(f"{stale.size} indices but {count} TD errors")
+            keep = ~stale
+            indices, td_errors = _select(indices, keep), _select(td_errors, keep)
+            dropped = int(stale.sum())
+        snapshot = None
+        if keep_undo:
+            # A device tree reads its own index tensors; a host tree's get wants checked int64 indices.
+            slots = indices if isinstance(self.tree, DeviceTree) else as_indices(indices, self.capacity)
+            snapshot = self.snapshot(slots)
+        self.update(indices, td_errors, limit, filled_only)
+        return dropped, snapshot
+
+    def check_filled(self, indices: Any) -> None:
+        """``IndexError`` naming the first of ``indices`` whose slot holds priority 0 (never written, or cleared).
+
+        For owners whose filled slots are not a prefix of ``[0, capacity)``
+        and whose ``eps`` is positive, so that a filled slot never holds 0.
+        """
+        leaves = np.asarray(_host(self.tree.get(indices)))  # the tree raises for indices outside [0, capacity)
+        bad = np.flatnonzero(leaves <= 0)
+        if bad.size:
+            i = int(bad[0])
+            index = int(np.asarray(_host(indices)).reshape(-1)[i])
+            raise IndexError(f"index at position {i} is {index}, which holds no stored transition")
 
     def draw(self, batch_size: int, rng: Any, beta: float, normalise: Normalise = "global") -> tuple[Any, Any]:
         """Draw ``batch_size`` slots with probability ``P(i)``; returns ``(indices, IS weights)``.
 
         Weights are normalised by the largest weight in the buffer (``"global"``)
         or in the batch (``"batch"``). The arguments are the caller's to check
-        (:func:`~hetero_replay.options.check_batch_size`, ``check_beta``) before the
+        (:func:`~hetero_replay.checks.check_batch_size`, ``check_beta``) before the
         generator ``rng`` is touched; an empty tree raises ``ValueError`` before
         any draw.
         """
@@ -253,12 +314,9 @@ class Priorities:
 
     def load(self, leaves: Any, max_priority: Any) -> None:
         """Replace every priority and the max priority, all checked before anything changes."""
-        if isinstance(max_priority, bool) or not isinstance(max_priority, (int, float, np.integer, np.floating)):
-            raise TypeError(f"max_priority must be a number, got {type(max_priority).__name__}")
-        if not (np.isfinite(max_priority) and max_priority > 0):
-            raise ValueError(f"max_priority must be finite and > 0, got {max_priority!r}")
+        checked = check_real(max_priority, "max_priority", positive=True)
         old = self._max_priority
-        self._max_priority = float(max_priority)
+        self._max_priority = checked
         try:
             self.new_priority()  # refuses a max priority whose alpha power the tree cannot hold
         except ValueError:
@@ -278,6 +336,20 @@ class Priorities:
             f"Priorities(capacity={self.capacity}, alpha={self._alpha}, beta={self._beta}, eps={self._eps}, "
             f"tree={type(self.tree).__name__})"
         )
+
+
+def _size(values: Any) -> int:
+    """Number of entries of a NumPy array, array-like or tensor."""
+    return int(values.numel()) if hasattr(values, "numel") else int(np.size(values))
+
+
+def _select(values: Any, keep: np.ndarray) -> Any:
+    """``values[keep]`` (flattened) for a NumPy array, array-like or torch tensor, where it lives."""
+    if hasattr(values, "detach"):  # a torch tensor, wherever it is
+        import torch
+
+        return values.reshape(-1)[torch.from_numpy(keep).to(values.device)]
+    return np.asarray(values).reshape(-1)[keep]
 
 
 def _host(x: Any) -> Any:

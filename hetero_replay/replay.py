@@ -36,7 +36,7 @@ from hetero_replay.priorities import Priorities, PrioritySnapshot
 from hetero_replay.storage import DISK, HOST, SHARED, Schema, Storage, make_storage
 from hetero_replay.storage.base import RingStorage
 from hetero_replay.trees import SumTree
-from hetero_replay.trees.base import MAX_CAPACITY, DeviceTree
+from hetero_replay.trees.base import MAX_CAPACITY
 from hetero_replay.trees.numpy_tree import as_indices
 
 #: Draws :meth:`PrioritizedReplay.sample` makes before giving up on a ring whose rows keep changing under it.
@@ -452,19 +452,10 @@ class PrioritizedReplay:
         (positions then count the entries not dropped), and nothing changes on error.
         """
         with self._lock:
-            stale = self.priorities.overwritten_since(indices, epoch)
-            dropped = 0
-            if stale is not None:
-                indices, td_errors = _select(indices, ~stale), _select(td_errors, ~stale)
-                dropped = int(stale.sum())
-            snapshot = None
-            if keep_undo:
-                tree_indices = self._batches.tree_inputs(indices, None)[0] if self._batches else indices
-                if not isinstance(self.tree, DeviceTree):
-                    tree_indices = as_indices(tree_indices, self.capacity)
-                snapshot = self.priorities.snapshot(tree_indices)
-            self._update(indices, td_errors)
-            return dropped, snapshot
+            limit = None if self._size == self.capacity else self._size
+            if self._batches is not None:
+                indices, td_errors = self._batches.tree_inputs(indices, td_errors)
+            return self.priorities.update_since(indices, td_errors, epoch, limit, keep_undo)
 
     def lift_max_priority(self, value: float) -> None:
         """Raise :attr:`max_priority` to at least ``value`` (see :meth:`Priorities.lift_max`); nothing changes on error."""
@@ -692,15 +683,6 @@ class PrioritizedReplay:
         fresh = PrioritizedReplay.from_state_dict(d["state"], tree=d["tree"], **d.get("placement", {}))
         self._lock = ForkSafeLock(INNER)
         self._become(fresh)
-
-
-def _select(values: Any, keep: np.ndarray) -> Any:
-    """``values[keep]`` (flattened) for a NumPy array, array-like or torch tensor."""
-    if hasattr(values, "detach"):  # a torch tensor, wherever it is
-        import torch
-
-        return values.reshape(-1)[torch.from_numpy(keep).to(values.device)]
-    return np.asarray(values).reshape(-1)[keep]
 
 
 __all__ = ["DEFAULT_EPS", "PrioritizedReplay", "Sample"]
