@@ -62,7 +62,8 @@ from tqdm import tqdm
 
 import hetero_replay
 from hetero_replay import PrioritizedReplay, Sample
-from hetero_replay.pipeline import WORKER_MODES, RelaxedReplay
+from hetero_replay.options import WORKER_MODES
+from hetero_replay.pipeline import RelaxedReplay
 
 N_ACTIONS = 4
 #: Pre-sampled batches / |td| arrays the component tasks cycle through.

@@ -9,14 +9,15 @@ The core (this package) never imports SB3 or Tianshou; their adapters live in
 from importlib import metadata as _metadata
 
 from hetero_replay._native import num_threads, set_num_threads
-from hetero_replay.checkpoint import ReplayFileError
 from hetero_replay.distributed import ShardedReplay  # Ray is imported when one is built
-from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions
+from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions, StalenessOptions
 from hetero_replay.pipeline import RelaxedReplay
 from hetero_replay.priorities import Priorities
+from hetero_replay.protocol import Replay, Sample
 from hetero_replay.registry import backends, register_backend, register_storage, storages
-from hetero_replay.replay import PrioritizedReplay, Sample
+from hetero_replay.replay import PrioritizedReplay
 from hetero_replay.storage import Field, HostStorage, Schema, Storage
+from hetero_replay.storage.checkpoint import ReplayFileError
 from hetero_replay.trees import SumTree, make_tree
 from hetero_replay.trees.base import DeviceTree
 
@@ -35,10 +36,12 @@ __all__ = [
     "HostStorage",
     "PrioritizedReplay",
     "RelaxedReplay",
+    "Replay",
     "ReplayFileError",
     "Sample",
     "ShardedReplay",
     "Schema",
+    "StalenessOptions",
     "SumTree",
     "DeviceTree",
     "backends",

@@ -14,15 +14,13 @@ from typing import Any
 import numpy as np
 
 from hetero_replay import _native
+from hetero_replay.checks import MAX_STALENESS, check_bool, check_int, check_real, check_staleness
 from hetero_replay.trees.base import check_fanout, check_priority_dtype
 
 #: Added to every ``|TD error|``. It also floors the smallest priority, and with
 #: it the largest IS weight that normalises all the others: the smaller it is,
 #: the smaller the typical weight (see docs/design-notes.md, "eps").
 DEFAULT_EPS = 1e-6
-
-#: Largest batch one ``sample`` call draws.
-MAX_BATCH = 2**30
 
 
 class _Unset:
@@ -75,11 +73,7 @@ class PEROptions:
             raise TypeError(f"tree must be a backend name, got {type(self.tree).__name__} {self.tree!r}")
         set_(self, "fanout", check_fanout(self.fanout))
         set_(self, "priority_dtype", check_priority_dtype(self.priority_dtype).name)
-        if not isinstance(self.stratified, (bool, np.bool_)):
-            raise TypeError(
-                f"stratified must be True or False, got {type(self.stratified).__name__} {self.stratified!r}"
-            )
-        set_(self, "stratified", bool(self.stratified))
+        set_(self, "stratified", check_bool(self.stratified, "stratified"))
         check_floor(self.alpha, self.eps, np.dtype(self.priority_dtype))
 
     def replace(self, **changes: Any) -> PEROptions:
@@ -100,7 +94,7 @@ class PEROptions:
 
     @classmethod
     def from_config(cls, config: Any, tree: str = "auto") -> PEROptions:
-        """The options a saved buffer's ``config`` records (see :mod:`hetero_replay.checkpoint`), with backend ``tree``."""
+        """The options a saved buffer's ``config`` records (see :mod:`hetero_replay.storage.checkpoint`), with backend ``tree``."""
         keys = ("alpha", "beta", "eps", "fanout", "priority_dtype", "stratified")
         return cls(tree=tree, **{k: config[k] for k in keys})
 
@@ -108,34 +102,19 @@ class PEROptions:
 # -- checks, shared by the options and the setters that change them later ------------------
 
 
-def real(name: str, value: Any) -> float:
-    """``value`` as a finite float, or ``TypeError``/``ValueError`` naming ``name``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    if not np.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
 def check_alpha(value: Any) -> float:
-    alpha = real("alpha", value)
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {value!r}")
-    return alpha
+    """``value`` as the priority exponent: a finite real number ``>= 0``."""
+    return check_real(value, "alpha", low=0)
 
 
 def check_beta(value: Any) -> float:
-    beta = real("beta", value)
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got {value!r}")
-    return beta
+    """``value`` as the IS-weight exponent: a real number in ``[0, 1]``."""
+    return check_real(value, "beta", 0, 1)
 
 
 def check_eps(value: Any) -> float:
-    eps = real("eps", value)
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {value!r}")
-    return eps
+    """``value`` as the TD-error offset: a finite real number ``>= 0``."""
+    return check_real(value, "eps", low=0)
 
 
 def check_floor(alpha: float, eps: float, dtype: np.dtype) -> None:
@@ -149,22 +128,47 @@ def check_floor(alpha: float, eps: float, dtype: np.dtype) -> None:
         )
 
 
-def check_batch_size(value: Any) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"batch_size must be an integer, got {type(value).__name__} {value!r}")
-    if not 1 <= value <= MAX_BATCH:
-        raise ValueError(f"batch_size must be in [1, 2**30], got {value}")
-    return int(value)
+#: Where a relaxed schedule's work runs (see :class:`StalenessOptions`).
+WORKER_MODES = ("auto", "thread", "inline")
 
 
-def check_seed(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"seed must be a non-negative integer or None, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise ValueError(f"seed must be a non-negative integer or None, got {value}")
-    return int(value)
+@dataclass(frozen=True)
+class StalenessOptions:
+    """How far priority updates may lag behind sampling: validated on construction, immutable.
+
+    The rule these options parametrise lives in :mod:`hetero_replay.schedule`.
+
+    Args:
+        staleness: ``k``, learner steps a priority update may lag: the batch of
+            step ``t`` sees the updates of steps ``<= t - k - 1``. ``0`` is
+            strict PER. At most :data:`~hetero_replay.checks.MAX_STALENESS`; an
+            executor that supports less (the sharded replay's: 2) says so.
+        prefetch: batches prepared ahead of the learner, ``>= 1`` (at most
+            ``staleness`` can be: the updates later ones need are not given yet).
+        worker: where a local buffer's schedule runs: ``"thread"``, a worker
+            thread; ``"inline"``, the learner's thread (same batches, no
+            overlap); ``"auto"``, inline until the replay work is a sizeable
+            share of the learner's step, then the thread. The batches are the
+            same in every mode: only the speed differs.
+
+    Wrong types raise ``TypeError``, values out of range ``ValueError``, each
+    naming the argument.
+    """
+
+    staleness: int = 0
+    prefetch: int = 1
+    worker: str = "auto"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "staleness", check_staleness(self.staleness))
+        object.__setattr__(self, "prefetch", check_int(self.prefetch, "prefetch", 1, MAX_STALENESS))
+        if not isinstance(self.worker, str) or self.worker not in WORKER_MODES:
+            raise ValueError(f"worker must be one of {WORKER_MODES}, got {self.worker!r}")
+
+    @property
+    def depth(self) -> int:
+        """Batches that can really be drawn ahead: ``min(prefetch, staleness)``."""
+        return min(self.prefetch, self.staleness)
 
 
-__all__ = ["DEFAULT_EPS", "MAX_BATCH", "UNSET", "PEROptions"]
+__all__ = ["DEFAULT_EPS", "UNSET", "PEROptions", "StalenessOptions", "WORKER_MODES"]

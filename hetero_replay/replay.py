@@ -10,7 +10,7 @@ batches come back as NumPy arrays. With ``storage=`` a torch device (or
 torch tensors already on that device (see
 :class:`~hetero_replay.torch_batches.TorchBatches`); with a device tree
 (``tree="torch"`` or ``"cupy"`` and ``tree_device=``), sampling and priority
-updates run there too. :class:`hetero_replay.mapping.Mapping` builds these
+updates run there too. :class:`hetero_replay.placement.Placement` builds these
 arguments from a device per primitive.
 
 Threads and processes: every public method may be called from several threads
@@ -25,35 +25,32 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from hetero_replay import checkpoint
+from hetero_replay.checks import check_batch_size, check_int, check_seed, is_int
 from hetero_replay.forksafe import INNER, ForkSafeLock
-from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions, check_batch_size, check_beta, check_seed
+from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions, check_beta
 from hetero_replay.priorities import Priorities, PrioritySnapshot
-from hetero_replay.storage import DISK, HOST, SHARED, Schema, Storage, make_storage
-from hetero_replay.storage.base import RingStorage
+from hetero_replay.protocol import Sample
+from hetero_replay.storage import (
+    DEFAULT_STORAGE,
+    DeviceStorage,
+    DurableStorage,
+    RingStorage,
+    Schema,
+    Storage,
+    checkpoint,
+    durable_point,
+    make_storage,
+)
 from hetero_replay.trees import SumTree
 from hetero_replay.trees.base import MAX_CAPACITY
 from hetero_replay.trees.numpy_tree import as_indices
 
 #: Draws :meth:`PrioritizedReplay.sample` makes before giving up on a ring whose rows keep changing under it.
 _MAX_REDRAWS = 64
-
-
-class Sample(NamedTuple):
-    """A sampled batch: ``data[field]`` rows, their buffer ``indices``, IS ``weights``.
-
-    NumPy arrays from a host buffer; torch tensors when the buffer serves a
-    torch learner (``data`` and ``weights`` on :attr:`PrioritizedReplay.device`,
-    ``indices`` where the tree is, ready for ``update_priorities``).
-    """
-
-    data: dict[str, Any]
-    indices: Any
-    weights: Any
 
 
 class PrioritizedReplay:
@@ -81,7 +78,7 @@ class PrioritizedReplay:
         storage_options: keyword arguments of the storage: ``"shared"`` takes
             ``dir`` (where its segment file goes); ``"disk"`` takes ``path`` (a
             directory, required), ``ram_bytes``, ``read_threads``,
-            ``flush_every``, ``flush_seconds`` and ``resume`` (see
+            ``flush_every``, ``flush_seconds`` and ``reopen`` (see
             :class:`~hetero_replay.storage.disk.DiskStorage`).
 
     Storages other processes write (``"shared"``, ``"disk"``): :meth:`writer`
@@ -113,14 +110,11 @@ class PrioritizedReplay:
         *,
         options: PEROptions | None = None,
         tree_device: Any = None,
-        storage: str = HOST,
+        storage: str = DEFAULT_STORAGE,
         device: Any = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-            raise TypeError(f"capacity must be an integer, got {type(capacity).__name__} {capacity!r}")
-        if not 1 <= capacity <= MAX_CAPACITY:
-            raise ValueError(f"capacity must be in [1, 2**40], got {capacity}")
+        capacity = check_int(capacity, "capacity", 1, MAX_CAPACITY)
         self.options = PEROptions.of(
             options, alpha=alpha, beta=beta, eps=eps, tree=tree, fanout=fanout,
             priority_dtype=priority_dtype, stratified=stratified,
@@ -128,9 +122,7 @@ class PrioritizedReplay:
         self.capacity = int(capacity)
         self.rng = np.random.default_rng(check_seed(seed))
         self.priorities = Priorities(self.capacity, self.options, tree_device=tree_device)
-        if device is not None and storage in (SHARED, DISK):
-            raise ValueError(f"storage={storage!r} serves NumPy batches; device= is not supported with it")
-        self.storage: Storage = make_storage(storage, self.capacity, schema, storage_options)
+        self.storage: Storage = make_storage(storage, self.capacity, schema, storage_options, device=device)
         # How to rebuild this buffer elsewhere (load_state_dict, pickling).
         self._placement: dict[str, Any] = {
             "tree_device": None if tree_device is None else str(tree_device),
@@ -141,8 +133,10 @@ class PrioritizedReplay:
             self._placement["storage_options"] = dict(storage_options)
         # Storages that writer processes add to decide where rows go (see _sync).
         self._ring: RingStorage | None = self.storage if isinstance(self.storage, RingStorage) else None
+        # Storages that make durable points (see _sync, flush, close).
+        self._durable: DurableStorage | None = self.storage if isinstance(self.storage, DurableStorage) else None
         self._batches = None
-        if (storage != HOST and self._ring is None) or device is not None:
+        if isinstance(self.storage, DeviceStorage) or device is not None:
             # Imported here: torch is needed only by buffers that serve torch learners.
             from hetero_replay.torch_batches import TorchBatches
 
@@ -150,12 +144,12 @@ class PrioritizedReplay:
         self._lock = ForkSafeLock(INNER)
         self._pos = 0
         self._size = 0
-        recovered = getattr(self.storage, "recovered", None)
-        if recovered is not None:  # a disk ring reopened at its last durable point
-            header, leaves = recovered
+        if self._durable is not None and self._durable.reopened_point is not None:
+            header, leaves = self._durable.reopened_point  # the rows are the storage's
             self.priorities.load(leaves, header["max_priority"])
             self.rng.bit_generator.state = header["rng_state"]
-            self._sync()
+            if self._ring is not None:
+                self._sync()
 
     # -- hyper-parameters (the PER rules are the Priorities') ---------------------------
 
@@ -226,6 +220,18 @@ class PrioritizedReplay:
             with self._lock:
                 self._sync()
         return self._size
+
+    @property
+    def dropped_updates(self) -> int:
+        """Always 0: this buffer applies every update when it is given (see :class:`~hetero_replay.RelaxedReplay`)."""
+        return 0
+
+    def leaves(self) -> np.ndarray:
+        """The sampling priorities ``p^alpha`` of every slot, in slot order (a copy)."""
+        with self._lock:
+            if self._ring is not None:
+                self._sync()
+            return self.priorities.leaves()
 
     def __len__(self) -> int:
         """Transitions stored. With writer processes: complete rows, as the learner's last poll saw them."""
@@ -342,23 +348,25 @@ class PrioritizedReplay:
             self.priorities.assign_new(new)
         tickets = self._ring.tickets
         self._pos, self._size = tickets % self.capacity, min(tickets, self.capacity)
-        if hasattr(self._ring, "flush_due") and self._ring.flush_due():
-            self._persist(wait=False)
+        if self._durable is not None and self._durable.flush_due():
+            self._durable_point(wait=False)
 
-    def _persist(self, wait: bool) -> None:
-        state = self._state(copy=False, rows=False)
-        self._ring.persist(state, self.priorities.leaves(), wait=wait)  # type: ignore[union-attr]
+    def _durable_point(self, wait: bool) -> None:
+        """Hand the durable storage what it does not hold itself: the header and every slot's priority."""
+        assert self._durable is not None
+        self._durable.flush(self._state(copy=False, rows=False), self.priorities.leaves(), wait=wait)
 
     def flush(self) -> None:
-        """Make a durable point now and wait for it (``storage="disk"``; other storages have none).
+        """Make a durable point now and wait for it (durable storages, e.g. ``"disk"``; others have none).
 
-        A ``"disk"`` buffer also makes one by itself every ``flush_every``
-        adds or ``flush_seconds`` seconds (see :class:`~hetero_replay.storage.disk.DiskStorage`).
+        A durable buffer also makes one by itself every ``flush_every`` adds or
+        ``flush_seconds`` seconds (see :mod:`hetero_replay.storage.durable`).
         """
-        if self._ring is not None and hasattr(self._ring, "persist"):
+        if self._durable is not None:
             with self._lock:
-                self._sync()
-                self._persist(wait=True)
+                if self._ring is not None:
+                    self._sync()
+                self._durable_point(wait=True)
 
     def writer(self) -> Any:
         """A picklable handle that actor processes add rows with, concurrently with this learner.
@@ -378,31 +386,26 @@ class PrioritizedReplay:
 
     @classmethod
     def reopen(cls, path: str | os.PathLike[str], tree: str = "auto", **storage_options: Any) -> PrioritizedReplay:
-        """A ``storage="disk"`` buffer at ``path`` as its last durable point left it (after a crash, too).
+        """The durable buffer at ``path`` (e.g. ``storage="disk"``) as its last durable point left it.
 
+        Continues a buffer after its process died, ``kill -9`` included.
         Capacity, schema and PER options come from the durable point;
-        ``storage_options`` (``ram_bytes``, ``read_threads``, ``flush_every``,
-        ``flush_seconds``) apply from now on. See :mod:`hetero_replay.storage.disk`.
+        ``storage_options`` (for ``"disk"``: ``ram_bytes``, ``read_threads``,
+        ``flush_every``, ``flush_seconds``) apply from now on. See
+        :mod:`hetero_replay.storage.durable`.
 
         Raises:
             ValueError: ``path`` holds no buffer, or processes of the previous run still write to it.
-            ReplayFileError: the durable state is damaged.
+            ReplayFileError: the durable point is damaged.
         """
-        from hetero_replay.storage.disk import STATE_FILE
-
-        state = os.path.join(os.fspath(path), STATE_FILE)
-        if not os.path.exists(state):
-            raise ValueError(
-                f"{os.fspath(path)!r} holds no durable point of a 'disk' replay buffer ({state} is missing)"
-            )
-        header, _ = checkpoint.read(state)
+        placement, header = durable_point(path)
         cfg = header["config"]
         return cls(
             int(cfg["capacity"]),
             Schema.from_json(cfg["schema"]),
             options=PEROptions.from_config(cfg, tree),
-            storage="disk",
-            storage_options={**storage_options, "path": os.fspath(path), "resume": True},
+            storage=placement,
+            storage_options={**storage_options, "path": os.fspath(path), "reopen": True},
         )
 
     def update_priorities(self, indices: Any, td_errors: Any) -> None:
@@ -497,7 +500,7 @@ class PrioritizedReplay:
         the schema); priorities, position and size do not change.
         """
         with self._lock:
-            if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or not 0 <= start < self.capacity:
+            if not is_int(start) or not 0 <= start < self.capacity:
                 raise IndexError(f"start must be an integer in [0, {self.capacity}), got {start!r}")
             self.storage.write(start, self.storage.validate_fields(fields)[1])
 
@@ -625,7 +628,7 @@ class PrioritizedReplay:
         return buf
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the buffer to ``path`` atomically (see :mod:`hetero_replay.checkpoint`).
+        """Write the whole buffer to one file at ``path``, atomically (see :mod:`hetero_replay.storage.checkpoint`).
 
         Holds the buffer's lock while writing: views, not copies, are saved, so
         a large buffer needs no second copy in memory.
@@ -661,18 +664,15 @@ class PrioritizedReplay:
     def close(self) -> None:
         """Release what the storage holds (files, shared memory); the buffer is unusable afterwards.
 
-        A ``"disk"`` buffer makes a last durable point first (its files stay);
+        A durable buffer (``"disk"``) makes a last durable point first (its files stay);
         a ``"shared"`` one removes its segment, and its writers' next ``add`` raises.
         """
         with self._lock:
             try:
-                if (
-                    self._ring is not None
-                    and hasattr(self._ring, "persist")
-                    and not getattr(self._ring, "closed", True)
-                ):
-                    self._sync()
-                    self._persist(wait=True)
+                if self._durable is not None and not self._durable.closed:
+                    if self._ring is not None:
+                        self._sync()
+                    self._durable_point(wait=True)
             finally:  # writers are told, and files closed, even when the last durable point fails
                 self.storage.close()
 

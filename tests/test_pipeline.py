@@ -45,7 +45,8 @@ import numpy as np
 import pytest
 
 from hetero_replay import PEROptions, Priorities, PrioritizedReplay, registry
-from hetero_replay.pipeline import MAX_STALENESS, RelaxedReplay
+from hetero_replay.checks import MAX_STALENESS
+from hetero_replay.pipeline import RelaxedReplay
 from tests.test_engine_concurrency import _wait_or_kill
 
 SCHEMA = {"obs": ((4,), "float32"), "reward": ((), "float32")}

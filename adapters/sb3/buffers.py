@@ -6,8 +6,8 @@ TD3 and SAC; ``DictPrioritizedReplayBuffer`` is its counterpart for
 core engine (:class:`hetero_replay.PrioritizedReplay`), not in SB3's NumPy
 arrays: one priority per transition, sampled and updated in one native call each.
 
-Placement: with ``mapping=`` (a :class:`hetero_replay.mapping.Mapping`) the core
-engine is built from ``mapping.replay_kwargs()``: the tree backend and its
+Placement: with ``placement=`` (a :class:`hetero_replay.placement.Placement`) the core
+engine is built from ``placement.replay_kwargs()``: the tree backend and its
 device, where transitions are stored, and the learner's device. When the
 engine hands out torch tensors already on the learner's device (storage on a
 device, or a GPU learner), :meth:`~PrioritizedReplayBuffer.sample` passes them
@@ -21,9 +21,9 @@ operations under way, so the child gets consistent buffers with free locks.
 
 from __future__ import annotations
 
-import numbers
+import functools
 import warnings
-from collections.abc import Mapping as AnyMapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,10 +34,20 @@ from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.utils import get_device
 from stable_baselines3.common.vec_env import VecNormalize
 
-from hetero_replay import UNSET, Field, PEROptions, PrioritizedReplay, Schema, ShardedReplay
+from hetero_replay import (
+    UNSET,
+    Field,
+    PEROptions,
+    PrioritizedReplay,
+    RelaxedReplay,
+    Replay,
+    Schema,
+    ShardedReplay,
+    StalenessOptions,
+)
+from hetero_replay.checks import check_bool, check_int, check_seed
 from hetero_replay.forksafe import OUTER, ForkSafeLock
-from hetero_replay.mapping import Mapping, one_policy_mapping
-from hetero_replay.pipeline import RelaxedReplay, check_staleness
+from hetero_replay.placement import Placement, one_policy_placement
 from hetero_replay.torch_batches import same_device
 
 #: A buffer sampled this many times in a row without ``update_priorities`` warns once.
@@ -120,13 +130,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         seed: seed of the buffer's own random generator. ``None`` draws one from
             NumPy's global generator, which SB3 seeds from the algorithm's
             ``seed`` just before building the buffer, so seeded runs repeat exactly.
-        mapping: where the replay primitives run
-            (:class:`hetero_replay.mapping.Mapping`); ``None`` is the C++ tree
-            (``tree``) with NumPy storage. With a mapping, the tree backend, its
+        placement: where the replay primitives run
+            (:class:`hetero_replay.placement.Placement`); ``None`` is the C++ tree
+            (``tree``) with NumPy storage. With a placement, the tree backend, its
             device, the storage and the device of sampled batches come from
-            ``mapping.replay_kwargs()``; ``tree`` must stay ``"auto"`` and
-            ``device`` must be ``"auto"`` (then it is the mapping's learner
-            device) or that device. The PER algorithms take ``mapping=`` too and
+            ``placement.replay_kwargs()``; ``tree`` must stay ``"auto"`` and
+            ``device`` must be ``"auto"`` (then it is the placement's learner
+            device) or that device. The PER algorithms take ``placement=`` too and
             pass it here.
         options: a ready :class:`hetero_replay.PEROptions`; the PER keyword
             arguments above, where given, override its fields.
@@ -136,12 +146,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             on a fixed schedule (seeded runs repeat exactly), on a worker
             thread behind training where that pays. ``0`` (the default) is exact PER.
         prefetch: batches the worker prepares ahead (at most ``staleness``).
-        storage: where transitions live when no ``mapping`` says: ``"host"``
+        storage: where transitions live when no ``placement`` says: ``"host"``
             (NumPy, the default), ``"shared"`` (a file mapping other processes
             can add to) or ``"disk"`` (a ring file with durable points, for
             buffers larger than RAM); see :mod:`hetero_replay.storage`.
         storage_options: the storage's keyword arguments (``"disk"``:
-            ``path=`` a directory, required; ``resume=True`` continues from the
+            ``path=`` a directory, required; ``reopen=True`` continues from the
             buffer a killed run left there, at its last durable point: ``pos``
             and ``full`` follow it). See :class:`hetero_replay.PrioritizedReplay`.
         distributed: keep the transitions in a
@@ -153,7 +163,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             shards; the PER options and ``seed`` are this buffer's), or a ready
             ``ShardedReplay`` whose schema is this buffer's (then its own
             options apply). ``staleness`` (0, 1 or 2) is the ShardedReplay's. Not with
-            ``optimize_memory_usage``, ``mapping`` or ``storage``; the array attributes (``observations``,
+            ``optimize_memory_usage``, ``placement`` or ``storage``; the array attributes (``observations``,
             ...) are not available, and ``save_replay_buffer`` is refused
             (shards checkpoint themselves).
 
@@ -167,17 +177,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         TypeError: ``buffer_size``, ``n_envs`` or ``seed`` not an integer;
             ``optimize_memory_usage`` or ``handle_timeout_termination`` not a
             bool; a PER option of the wrong type (as
-            :class:`~hetero_replay.PEROptions` says); ``mapping`` not a
-            :class:`~hetero_replay.mapping.Mapping`.
+            :class:`~hetero_replay.PEROptions` says); ``placement`` not a
+            :class:`~hetero_replay.placement.Placement`.
         ValueError: a ``Dict`` observation space (that is
             :class:`DictPrioritizedReplayBuffer`'s), ``buffer_size`` or
             ``n_envs`` below 1, a negative ``seed``, a PER option out of range
             (as :class:`~hetero_replay.PEROptions` says), an unknown
             ``tree``, ``optimize_memory_usage`` together with
-            ``handle_timeout_termination``, a ``mapping`` whose inference and
+            ``handle_timeout_termination``, a ``placement`` whose inference and
             train devices differ (SB3 acts and trains with one policy), or a
-            ``tree`` or ``device`` that contradicts the mapping.
-        hetero_replay.mapping.DeviceUnavailableError: the mapping names a
+            ``tree`` or ``device`` that contradicts the placement.
+        hetero_replay.placement.DeviceUnavailableError: the placement names a
             device this machine lacks.
     """
 
@@ -198,7 +208,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         priority_dtype: str = UNSET,
         stratified: bool = UNSET,
         seed: int | None = None,
-        mapping: Mapping | None = None,
+        placement: Placement | None = None,
         options: PEROptions | None = None,
         staleness: int = 0,
         prefetch: int = 1,
@@ -208,37 +218,30 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     ) -> None:
         # The PER options are checked by PEROptions; these arguments are the
         # adapter's own (or would reach NumPy unnamed).
-        _check_int("buffer_size", buffer_size, minimum=1)
-        _check_distributed(distributed, optimize_memory_usage, mapping, storage)
-        self._distributed = distributed
-        self.staleness = check_staleness(staleness)
-        self.prefetch = check_staleness(prefetch, "prefetch")
-        if self.prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        _check_int("n_envs", n_envs, minimum=1)
-        for name, flag in [
-            ("optimize_memory_usage", optimize_memory_usage),
-            ("handle_timeout_termination", handle_timeout_termination),
-        ]:
-            if not isinstance(flag, (bool, np.bool_)):  # a string such as "False" would count as True
-                raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
-        if seed is not None:
-            _check_int("seed", seed, minimum=0)
+        check_int(buffer_size, "buffer_size", low=1)
+        _check_distributed(distributed, optimize_memory_usage, placement, storage)
+        #: The staleness schedule's options (validated here, once).
+        self.schedule_options = StalenessOptions(staleness, prefetch)
+        self.staleness, self.prefetch = self.schedule_options.staleness, self.schedule_options.prefetch
+        check_int(n_envs, "n_envs", low=1)
+        check_bool(optimize_memory_usage, "optimize_memory_usage")  # a string such as "False" would count as True
+        check_bool(handle_timeout_termination, "handle_timeout_termination")
+        check_seed(seed)
         options = PEROptions.of(
             options, alpha=alpha, beta=beta, eps=eps, tree=tree, fanout=fanout,
             priority_dtype=priority_dtype, stratified=stratified,
         )  # fmt: skip
         if not isinstance(storage, str):
             raise TypeError(f"storage must be a storage name such as 'host' or 'disk', got {storage!r}")
-        if mapping is not None and storage != "host":
-            raise ValueError(f"storage={storage!r} and the mapping both place the storage; set it in the mapping")
-        if mapping is not None:
-            mapping = one_policy_mapping(mapping, type(self).__name__)
-            device = _mapped_device(device, mapping)
+        if placement is not None and storage != "host":
+            raise ValueError(f"storage={storage!r} and the placement both place the storage; set it in the placement")
+        if placement is not None:
+            placement = one_policy_placement(placement, type(self).__name__)
+            device = _placed_device(device, placement)
             if options.tree != "auto":
                 raise ValueError(
-                    f"tree={options.tree!r} and the mapping both choose the tree backend; "
-                    f"set it in the mapping instead (Mapping(tree={options.tree!r}, ...))"
+                    f"tree={options.tree!r} and the placement both choose the tree backend; "
+                    f"set it in the placement instead (Placement(tree={options.tree!r}, ...))"
                 )
         # Skip ReplayBuffer.__init__: it would allocate SB3's NumPy arrays, a
         # second copy of what the core engine stores.
@@ -251,23 +254,23 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.buffer_size = max(buffer_size // n_envs, 1)  # rows, as in SB3
         self.optimize_memory_usage = bool(optimize_memory_usage)
         self.handle_timeout_termination = bool(handle_timeout_termination)
-        # The core engine's keyword arguments: the options, and the mapping's placement (its tree included).
+        # The core engine's keyword arguments: the options, and where the placement puts the tree, rows and batches.
         self._config: dict[str, Any] = dict(options=options, storage=storage)
-        self.mapping = mapping
-        if mapping is not None:
-            self._config.update(mapping.replay_kwargs())
+        self.placement = placement
+        if placement is not None:
+            self._config.update(placement.replay_kwargs())
         if storage_options is not None:
             self._config["storage_options"] = storage_options
         self._action_shapes, self._action_bounds = _action_rules(action_space, self.action_dim, n_envs)
         if seed is None:
             seed = int(np.random.randint(2**31 - 1))
-        self._replay = self._make_replay(seed)
-        if self._distributed is not None:  # a given ShardedReplay may hold rows already: SB3's count follows it
+        # Who builds the replay: a ShardedReplay given ready is used as it is, and never rebuilt (see reset).
+        self._owns_replay = not isinstance(distributed, ShardedReplay)
+        self._build_replay = _replay_builder(distributed, self._config, self.schedule_options)
+        self._replay: Replay = self._build_replay(self.buffer_size * self.n_envs, self._schema(), seed)
+        if self._replay.filled:  # a reopened "disk" buffer or a given replay: SB3's position follows the replay's
             self.full = self._replay.filled >= self.buffer_size * self.n_envs
-            self.pos = 0 if self.full else self._replay.filled // self.n_envs
-        elif self._replay.filled:  # a reopened "disk" buffer: SB3's position follows the engine's
-            self.pos = self._replay.position // self.n_envs
-            self.full = self._replay.filled == self._replay.capacity
+            self.pos = self._replay.position // self.n_envs % self.buffer_size
         self._stage_new()
         self._samples_since_update = 0
         self._warned_no_update = False
@@ -380,7 +383,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Whether the core engine hands out torch tensors on the learner's device."""
         return self._replay.device is not None
 
-    def _make_replay(self, seed: int) -> Any:
+    def _schema(self) -> Schema:
+        """The fields of one stored transition."""
         fields = {(f"obs/{key}" if key else "obs"): f for key, f in self._observation_fields().items()}
         fields["action"] = Field((self.action_dim,), _field_dtype(self._maybe_cast_dtype(self.action_space.dtype)))
         fields["reward"] = Field((), np.dtype(np.float32))
@@ -389,11 +393,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         fields["done"] = Field((), np.dtype(np.float32))
         if self.handle_timeout_termination:
             fields["timeout"] = Field((), np.dtype(np.float32))
-        if self._distributed is not None:
-            capacity = self.buffer_size * self.n_envs
-            return _sharded_replay(self._distributed, capacity, Schema(fields), seed, self._config, self.staleness)
-        replay = PrioritizedReplay(self.buffer_size * self.n_envs, Schema(fields), seed=seed, **self._config)
-        return RelaxedReplay(replay, self.staleness, self.prefetch) if self.staleness else replay
+        return Schema(fields)
 
     # -- SB3's buffer interface ---------------------------------------------------
 
@@ -606,14 +606,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Empty the buffer (priorities and the max priority start over)."""
         with self._lock:
             super().reset()
-            old = self._replay
-            if old is self._distributed:
+            if not self._owns_replay:
                 raise ValueError(
                     "reset() would empty a ShardedReplay this buffer was given; close and rebuild it yourself"
                 )
-            self._replay = self._make_replay(int(old.rng.integers(2**31 - 1)))
-            if isinstance(old, RelaxedReplay) or self._distributed is not None:
-                old.close()  # stops its worker, or its shards
+            old = self._replay
+            seed = int(old.rng.integers(2**31 - 1))
+            old.close()  # its worker, shards or files go first: the new replay may take the same places
+            self._replay = self._build_replay(self.buffer_size * self.n_envs, self._schema(), seed)
             self._stage_new()
 
     # -- PER state ------------------------------------------------------------------
@@ -644,20 +644,18 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     @property
     def dropped_updates(self) -> int:
         """Priority updates skipped because their slot was rewritten first (``staleness >= 1`` only)."""
-        if self._distributed is not None:
-            return int(self._replay.stats["dropped_updates"])
-        return self._replay.dropped_updates if isinstance(self._replay, RelaxedReplay) else 0
+        return self._replay.dropped_updates
 
     def flush(self) -> None:
-        """Apply every queued priority update now (``staleness >= 1``); with ``distributed``, checkpoint the shards."""
+        """Apply every queued priority update now (``staleness >= 1``) and make a durable point where the replay
+        makes them (``storage="disk"``; with ``distributed``, the shards checkpoint)."""
         with self._lock:
             self._commit()
-            if isinstance(self._replay, RelaxedReplay) or self._distributed is not None:
-                self._replay.flush()
+            self._replay.flush()
 
     @property
-    def replay(self) -> PrioritizedReplay | RelaxedReplay:
-        """The core engine that holds the transitions and their priorities (relaxed with ``staleness >= 1``).
+    def replay(self) -> Replay:
+        """The core replay that holds the transitions and their priorities (relaxed with ``staleness >= 1``).
 
         Calls on it do not take this buffer's lock: use it from one thread.
         """
@@ -667,11 +665,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def priorities(self) -> np.ndarray:
         """Current sampling priorities ``p^alpha``, shape ``(buffer_size, n_envs)`` (queued updates applied first)."""
-        if self._distributed is not None:
-            raise TypeError("the priorities live on the shards: see buffer.replay.summaries")
         with self._lock:
-            self.flush()
-            return self._replay.priorities.leaves().reshape(self.buffer_size, self.n_envs)
+            self._commit()
+            return self._replay.leaves().reshape(self.buffer_size, self.n_envs)
 
     # -- SB3's array attributes, as views into the core storage ----------------------
 
@@ -808,7 +804,7 @@ class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer):
         }
 
     def _observation_rows(self, prefix: str, obs: Any) -> dict[str, np.ndarray]:
-        if not isinstance(obs, AnyMapping):
+        if not isinstance(obs, Mapping):
             raise TypeError(f"add: {prefix} must be a dict with keys {list(self.obs_shape)}, got {type(obs).__name__}")
         if obs.keys() != self.obs_shape.keys():
             missing = [key for key in self.obs_shape if key not in obs]
@@ -841,14 +837,6 @@ class DictPrioritizedReplayBuffer(PrioritizedReplayBuffer):
 
 
 # -- argument checks ----------------------------------------------------------------------
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    """``TypeError`` unless ``value`` is an integer (not a bool), ``ValueError`` if it is below ``minimum``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 def _action_rules(
@@ -896,7 +884,7 @@ def _host_copy(value: np.ndarray | th.Tensor) -> np.ndarray:
     return value.cpu().numpy().copy() if isinstance(value, th.Tensor) else np.array(value)
 
 
-def _check_distributed(distributed: Any, optimize_memory_usage: Any, mapping: Any, storage: Any) -> None:
+def _check_distributed(distributed: Any, optimize_memory_usage: Any, placement: Any, storage: Any) -> None:
     """``distributed=`` is a dict of ShardedReplay arguments or a ShardedReplay, and excludes what a local engine needs."""
     if distributed is None:
         return
@@ -909,7 +897,7 @@ def _check_distributed(distributed: Any, optimize_memory_usage: Any, mapping: An
         raise ValueError("distributed needs num_shards, e.g. distributed=dict(num_shards=2)")
     for name, value, default in [
         ("optimize_memory_usage", optimize_memory_usage, False),
-        ("mapping", mapping, None),
+        ("placement", placement, None),
         ("storage", storage, "host"),
     ]:
         if value != default:
@@ -919,9 +907,27 @@ def _check_distributed(distributed: Any, optimize_memory_usage: Any, mapping: An
             )
 
 
+def _replay_builder(
+    distributed: Any, config: dict[str, Any], schedule: StalenessOptions
+) -> Callable[[int, Schema, int], Replay]:
+    """How the buffer builds its replay, ``(capacity, schema, seed) -> Replay``: chosen once, from the arguments.
+
+    A local engine buffer (relaxed with ``staleness >= 1``); with ``distributed=``, a ``ShardedReplay``
+    built from its arguments, or the one given, checked against the buffer.
+    """
+    if distributed is None:
+
+        def local(capacity: int, schema: Schema, seed: int) -> Replay:
+            replay = PrioritizedReplay(capacity, schema, seed=seed, **config)
+            return RelaxedReplay(replay, schedule) if schedule.staleness else replay
+
+        return local
+    return functools.partial(_sharded_replay, distributed, config=config, staleness=schedule.staleness)
+
+
 def _sharded_replay(
     distributed: Any, capacity: int, schema: Schema, seed: int, config: dict[str, Any], staleness: int
-) -> Any:
+) -> ShardedReplay:
     """The ShardedReplay of a buffer with ``distributed=``: built from its arguments, or the given one checked."""
     if isinstance(distributed, ShardedReplay):
         if distributed.schema != schema:
@@ -937,7 +943,7 @@ def _sharded_replay(
         return distributed
     kwargs = dict(distributed)
     num_shards = kwargs.pop("num_shards")
-    _check_int("distributed num_shards", num_shards, minimum=1)
+    check_int(num_shards, "distributed num_shards", low=1)
     per_shard = -(-capacity // num_shards)
     return ShardedReplay(
         num_shards, per_shard, schema, seed=seed, options=config["options"], staleness=staleness, **kwargs
@@ -985,17 +991,17 @@ class _FieldRows:
         return out if dtype is None else out.astype(dtype)
 
 
-def _mapped_device(device: th.device | str, mapping: Mapping) -> str:
-    """The buffer's device under ``mapping``: its learner device (``"auto"`` or that device).
+def _placed_device(device: th.device | str, placement: Placement) -> str:
+    """The buffer's device under ``placement``: its learner device (``"auto"`` or that device).
 
     Raises:
         ValueError: ``device`` is another device; batches must arrive where the network trains.
     """
-    learner = mapping.learner_device
+    learner = placement.learner_device
     if str(device) != "auto" and not same_device(get_device(device), learner):
         raise ValueError(
-            f"device {str(device)!r} is not the mapping's learner device {learner!r}: sampled batches go "
+            f"device {str(device)!r} is not the placement's learner device {learner!r}: sampled batches go "
             f"where the network trains. Pass device={learner!r} to the algorithm, or use PERDQN / PERDDPG / "
-            "PERTD3 / PERSAC with mapping=..., which take their device from the mapping"
+            "PERTD3 / PERSAC with placement=..., which take their device from the placement"
         )
     return learner

@@ -43,7 +43,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,10 +63,10 @@ from hetero_replay.adapters.tianshou.buffers import HeteroPrioritizedReplayBuffe
 from hetero_replay.adapters.tianshou.schedules import BetaSchedule, checked_beta
 from hetero_replay.adapters.tianshou.sharded import ShardedVectorReplayBuffer, check_sharded_training
 from hetero_replay.adapters.tianshou.weighted_updates import check_supported, weighted_update
-from hetero_replay.advisor import Advice, AutoMapping, advise
-from hetero_replay.mapping import Mapping as DeviceMapping
-from hetero_replay.mapping import one_policy_mapping
-from hetero_replay.pipeline import DeferredUpdates, PendingUpdate, check_staleness
+from hetero_replay.advisor import Advice, AutoPlacement, advise
+from hetero_replay.checks import check_staleness
+from hetero_replay.placement import Placement, one_policy_placement
+from hetero_replay.schedule import PendingUpdate, Schedule
 
 _log = logging.getLogger("hetero_replay.adapters.tianshou")
 
@@ -118,7 +118,6 @@ class _BatchRecord:
     beta: float = math.nan
     is_weight_mean: float = math.nan
     weight_object: Any = None
-    write_epoch: int = 0  # of the buffer when the batch was sampled (staleness >= 1)
 
 
 class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
@@ -138,19 +137,19 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
             :class:`~hetero_replay.adapters.tianshou.LinearBetaSchedule`; it is
             called with the number of updates done so far and set on the buffer
             before each sample, overriding the buffer's beta.
-        mapping: a :class:`hetero_replay.mapping.Mapping`; the wrapped
+        placement: a :class:`hetero_replay.placement.Placement`; the wrapped
             algorithm (networks, target networks) moves to its learner device,
             where Tianshou's networks then take their batches (Tianshou acts
             and trains with one policy, so ``inference`` and ``train`` must
-            agree). Give the buffer the same mapping for the tree's placement.
+            agree). Give the buffer the same placement: it puts the buffer's tree.
             ``None`` leaves the algorithm where it is.
-            ``AutoMapping(env=..., batch_size=..., buffer_size=..., n_envs=...)``
-            (:class:`hetero_replay.advisor.AutoMapping`) asks the advisor: it
+            ``AutoPlacement(env=..., batch_size=..., buffer_size=..., n_envs=...)``
+            (:class:`hetero_replay.advisor.AutoPlacement`) asks the advisor: it
             profiles copies of the algorithm in that setup on this machine
-            (cached afterwards), takes the top-ranked mapping for the given
+            (cached afterwards), takes the top-ranked placement for the given
             ``staleness``, sets the replay threads it was ranked with, keeps the
             ranking in ``self.advice`` and logs its choice; build the buffer
-            with ``mapping=algorithm.mapping``.
+            with ``placement=algorithm.placement``.
         staleness: ``k``, learner updates a priority update may lag: the batch
             of update ``t`` is sampled after exactly the priority updates of
             updates ``<= t - k - 1`` were applied (the schedule of
@@ -166,12 +165,12 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         TypeError: ``wrapped_algorithm`` is not an off-policy algorithm whose use of
             the IS weights is known, ``beta`` (or the schedule's first value) is
             neither a real number nor callable (a bool is not a number),
-            ``mapping`` is not a :class:`~hetero_replay.mapping.Mapping`, or
+            ``placement`` is not a :class:`~hetero_replay.placement.Placement`, or
             ``staleness`` is not an integer.
         ValueError: ``beta`` (or the schedule's first value) is outside [0, 1],
-            the mapping's inference and train devices differ, or ``staleness``
+            the placement's inference and train devices differ, or ``staleness``
             is outside ``[0, 1024]``.
-        hetero_replay.mapping.DeviceUnavailableError: the mapping names a device
+        hetero_replay.placement.DeviceUnavailableError: the placement names a device
             this machine lacks.
     """
 
@@ -180,7 +179,7 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         *,
         wrapped_algorithm: OffPolicyAlgorithm[TPolicy],
         beta: float | BetaSchedule,
-        mapping: DeviceMapping | AutoMapping | str | None = None,
+        placement: Placement | AutoPlacement | str | None = None,
         staleness: int = 0,
     ) -> None:
         if not isinstance(wrapped_algorithm, OffPolicyAlgorithm):
@@ -193,20 +192,20 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         checked_beta(beta(0) if callable(beta) else beta, "beta")
         staleness = check_staleness(staleness)
         advice = None
-        if isinstance(mapping, str) and mapping != "auto":
+        if isinstance(placement, str) and placement != "auto":
             raise TypeError(
-                f"mapping must be a hetero_replay.mapping.Mapping or a hetero_replay.advisor.AutoMapping, "
-                f"got str {mapping!r}"
+                f"placement must be a hetero_replay.placement.Placement or a hetero_replay.advisor.AutoPlacement, "
+                f"got str {placement!r}"
             )
-        if isinstance(mapping, (AutoMapping, str)):
-            advice = _advice_for(mapping, wrapped_algorithm, staleness)
-            mapping = advice.best.apply()
-        if mapping is not None:
-            mapping = one_policy_mapping(mapping, "Tianshou")
+        if isinstance(placement, (AutoPlacement, str)):
+            advice = _advice_for(placement, wrapped_algorithm, staleness)
+            placement = advice.best.apply()
+        if placement is not None:
+            placement = one_policy_placement(placement, "Tianshou")
         super().__init__(wrapped_algorithm=wrapped_algorithm)
         self.staleness = staleness
-        self._deferred = DeferredUpdates()  # priority updates held back (staleness >= 1)
-        self._steps = 0  # updates sampled in this process: the schedule's step numbers
+        # Priority updates held back (staleness >= 1); its steps are the updates sampled in this process.
+        self._schedule = Schedule(staleness)
         self.dropped_updates = 0
         self.beta_schedule = beta
         self.num_updates = 0
@@ -215,12 +214,12 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         self.lr_schedulers = wrapped_algorithm.lr_schedulers
         self._batch = _BatchRecord()
         self._modes_after_train: dict[bool, tuple[tuple[torch.nn.Module, bool], ...]] = {}  # see train()
-        self.mapping = mapping
-        #: The advisor's ranking when ``mapping`` was an :class:`~hetero_replay.advisor.AutoMapping`.
+        self.placement = placement
+        #: The advisor's ranking when ``placement`` was an :class:`~hetero_replay.advisor.AutoPlacement`.
         self.advice = advice
-        if mapping is not None:
+        if placement is not None:
             # Parameters move in place, so the optimizers built with them stay valid.
-            self.to(mapping.learner_device)
+            self.to(placement.learner_device)
 
     @property
     def current_beta(self) -> float:
@@ -253,23 +252,25 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
             self._batch.beta = self.current_beta
             _set_beta(buffer, self._batch.beta)
             if self.staleness:
-                self._apply_due(_tracking(buffer), self._steps - self.staleness - 1)
-                self._batch.write_epoch = buffer.write_epoch
+                tracked = _tracking(buffer)
+                self._apply_held_back(tracked, lambda: self._schedule.due(self._schedule.served))
+                self._schedule.serve(tracked.write_epoch)
         stats = super().update(buffer=buffer, sample_size=sample_size)
         self.num_updates += 1
-        self._steps += 1
         return stats
 
     def flush_priorities(self, buffer: ReplayBuffer) -> None:
         """Apply every priority update still held back (``staleness >= 1``) to ``buffer``."""
-        if self._deferred:
-            self._apply_due(_tracking(buffer), self._steps)
+        if self._schedule:
+            self._apply_held_back(_tracking(buffer), self._schedule.next)
 
-    def _apply_due(
-        self, buffer: HeteroPrioritizedVectorReplayBuffer | HeteroPrioritizedReplayBuffer, through: int
+    def _apply_held_back(
+        self,
+        buffer: HeteroPrioritizedVectorReplayBuffer | HeteroPrioritizedReplayBuffer,
+        pop: Callable[[], PendingUpdate | None],
     ) -> None:
-        """Apply the held-back updates of steps ``<= through``, in order, skipping rewritten slots."""
-        while (update := self._deferred.next_due(through)) is not None:
+        """Apply the held-back updates ``pop`` gives, in order, skipping rewritten slots (the schedule's rule)."""
+        while (update := pop()) is not None:
             try:
                 self.dropped_updates += buffer.update_weight_since(update.indices, update.td_errors, update.epoch)
             except (TypeError, ValueError, IndexError) as e:
@@ -283,7 +284,7 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
             return
         td = batch.weight
         td = td.detach().clone() if isinstance(td, torch.Tensor) else np.array(td, copy=True)
-        self._deferred.put(PendingUpdate(self._steps, np.array(indices, copy=True), td, self._batch.write_epoch))
+        self._schedule.record(np.array(indices, copy=True), td)
 
     def _preprocess_batch(
         self, batch: RolloutBatchProtocol, buffer: ReplayBuffer, indices: np.ndarray
@@ -394,16 +395,16 @@ def _set_beta(buffer: PrioritizedReplayBuffer, beta: float) -> None:
         PrioritizedReplayBuffer.set_beta(buffer, beta)
 
 
-def _advice_for(auto: AutoMapping | str, algorithm: OffPolicyAlgorithm, staleness: int) -> Advice:
+def _advice_for(auto: AutoPlacement | str, algorithm: OffPolicyAlgorithm, staleness: int) -> Advice:
     """The advisor's ranking for ``algorithm`` in the setup ``auto`` describes, keeping ``staleness``.
 
     It profiles deep copies of ``algorithm`` (the profile is cached per setup
     and machine), never ``algorithm`` itself, and logs its choice.
     """
-    if not isinstance(auto, AutoMapping):
+    if not isinstance(auto, AutoPlacement):
         raise ValueError(
-            f"mapping={auto!r}: a Tianshou algorithm knows neither its environment nor its buffer, so the "
-            "advisor needs them: mapping=hetero_replay.advisor.AutoMapping(env='CartPole-v1', batch_size=64, "
+            f"placement={auto!r}: a Tianshou algorithm knows neither its environment nor its buffer, so the "
+            "advisor needs them: placement=hetero_replay.advisor.AutoPlacement(env='CartPole-v1', batch_size=64, "
             "buffer_size=20_000, n_envs=4)"
         )
     from tianshou.algorithm import DDPG, DQN, SAC, TD3
@@ -417,5 +418,5 @@ def _advice_for(auto: AutoMapping | str, algorithm: OffPolicyAlgorithm, stalenes
         n_envs=auto.n_envs, algorithm_factory=lambda: copy.deepcopy(algorithm), staleness=(staleness,),
         profile=auto.profile, cache=auto.cache, **dict(auto.options),
     )  # fmt: skip
-    _log.info("PEROffPolicyWrapper(mapping=AutoMapping(...)): %s", advice.explain())
+    _log.info("PEROffPolicyWrapper(placement=AutoPlacement(...)): %s", advice.explain())
     return advice

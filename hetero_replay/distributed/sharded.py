@@ -65,11 +65,13 @@ from typing import Any
 import numpy as np
 
 from hetero_replay import _native
+from hetero_replay.checks import check_batch_size, check_int, check_real, check_seed
 from hetero_replay.distributed import cluster
 from hetero_replay.distributed.shard import SHARD_STORAGES, ShardConfig, ShardDraw, ShardSummary, validate_rows
 from hetero_replay.distributed.writer import ShardWriter
-from hetero_replay.options import UNSET, PEROptions, check_batch_size, check_beta, check_seed
+from hetero_replay.options import UNSET, PEROptions, StalenessOptions, check_beta
 from hetero_replay.replay import Sample
+from hetero_replay.schedule import Schedule
 from hetero_replay.storage import HOST, Schema
 from hetero_replay.trees.base import MAX_CAPACITY, max_leaf
 
@@ -106,12 +108,13 @@ class ShardedReplay:
             cluster, ``address``), so a restarted learner reattaches with :meth:`attach`.
         stage_rows: writers' rows a shard queues (until the learner's next call) before taking them
             in unasked; ``0`` takes every writer's add in at once (draws it overtakes are redrawn).
-        staleness: ``0`` (exact PER: each batch sees every earlier update, two rounds of calls per
-            step); ``1``: a priority update rides on the next draw's calls and is applied after
-            that draw (one round per step; batch ``t`` sees the updates of steps ``<= t - 2``);
-            ``2``: also the next batch is drawn while the learner trains on this one (no round trip
-            exposed; batch ``t`` sees the updates of steps ``<= t - 3``). The schedule of
-            :class:`~hetero_replay.RelaxedReplay`, deterministic for a seed.
+        staleness: the schedule of :mod:`hetero_replay.schedule` (an integer or a
+            :class:`~hetero_replay.options.StalenessOptions`; this executor supports 0, 1 and 2).
+            ``0``: exact PER, each batch sees every earlier update (two rounds of calls per step);
+            ``1``: a priority update rides on the next draw's calls and is applied after that draw
+            (one round per step; batch ``t`` sees the updates of steps ``<= t - 2``); ``2``: also
+            the next batch is drawn while the learner trains on this one (no round trip exposed;
+            batch ``t`` sees the updates of steps ``<= t - 3``). Deterministic for a seed.
         max_redraws: batch redraws when shards changed under a draw (see the module docstring).
         recovery_timeout: seconds to wait for a dead shard's restart before :class:`~.cluster.ShardLostError`.
         actor_options: extra Ray actor options of the shards (``resources``, ``scheduling_strategy``, ...):
@@ -148,20 +151,19 @@ class ShardedReplay:
         name: str | None = None,
         detached: bool = False,
         stage_rows: int = 4096,
-        staleness: int = 0,
+        staleness: int | StalenessOptions = 0,
         max_redraws: int = 8,
         recovery_timeout: float = 120.0,
         actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
-        _check_int("num_shards", num_shards, 1, 2**15)
-        _check_int("capacity_per_shard", capacity_per_shard, 1, MAX_CAPACITY)
-        _check_int("checkpoint_every", checkpoint_every, 1, 2**62)
-        _check_int("max_redraws", max_redraws, 0, 2**20)
-        _check_int("stage_rows", stage_rows, 0, 2**40)
-        _check_int("staleness", staleness, 0, 2)
+        check_int(num_shards, "num_shards", 1, 2**15)
+        check_int(capacity_per_shard, "capacity_per_shard", 1, MAX_CAPACITY)
+        check_int(checkpoint_every, "checkpoint_every", 1, 2**62)
+        check_int(max_redraws, "max_redraws", 0, 2**20)
+        check_int(stage_rows, "stage_rows", 0, 2**40)
+        staleness = _sharded_staleness(staleness)
         for arg, value in (("checkpoint_seconds", checkpoint_seconds), ("recovery_timeout", recovery_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{arg} must be a positive number of seconds, got {value!r}")
+            check_real(value, arg, positive=True, finite=False)
         if storage not in SHARD_STORAGES:
             raise ValueError(f"storage must be one of {SHARD_STORAGES} for a shard, got {storage!r}")
         if storage != HOST and checkpoint_dir is None:
@@ -203,7 +205,7 @@ class ShardedReplay:
     @classmethod
     def attach(
         cls, name: str, address: str | None = None, seed: int | None = None, max_redraws: int = 8,
-        recovery_timeout: float = 120.0, staleness: int = 0,
+        recovery_timeout: float = 120.0, staleness: int | StalenessOptions = 0,
     ) -> ShardedReplay:  # fmt: skip
         """The learner side of running (detached) shards named ``name``: a restarted learner continues with them."""
         cluster.connect(address)
@@ -212,13 +214,12 @@ class ShardedReplay:
         self.address = cluster.connect(address)
         self.name, self.detached = name, True
         config = cluster.ray_module().get(handles[0].__ray_call__.remote(lambda shard: shard.config))
-        _check_int("staleness", staleness, 0, 2)
-        self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness)
+        self._setup(handles, config, seed, max_redraws, recovery_timeout, _sharded_staleness(staleness))
         return self
 
     def _setup(
         self, handles: list[Any], config: ShardConfig, seed: int | None, max_redraws: int, recovery_timeout: float,
-        staleness: int,
+        staleness: StalenessOptions,
     ) -> None:  # fmt: skip
         self._ray = cluster.ray_module()
         self._shards = handles
@@ -233,9 +234,9 @@ class ShardedReplay:
         self._lock = threading.RLock()
         self._pending: list[tuple[int, Any]] = []  # (shard, reply of an update or add not yet collected)
         self._next_shard = 0
-        self.staleness = staleness
-        # staleness >= 1: checked updates waiting to ride on each shard's next draw call.
-        self._carry: list[list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = [[] for _ in handles]
+        self.schedule_options = staleness
+        # staleness >= 1: checked updates held back, to ride on the shards' draw calls when the schedule says.
+        self._schedule = Schedule(staleness.staleness)
         self._prefetched: tuple[int, np.ndarray, list[Any]] | None = None  # staleness 2: (n, shard_of, replies)
         self._max_leaf = max_leaf(np.dtype(self.options.priority_dtype), config.capacity)
         self.stats = {"batches": 0, "redraws": 0, "inexact_batches": 0, "dropped_updates": 0, "recoveries": 0}
@@ -281,7 +282,7 @@ class ShardedReplay:
     def summaries(self) -> list[ShardSummary]:
         """Each shard's state now (one round trip to every shard; writers' queued rows taken in first)."""
         with self._lock:
-            self._deliver_carry()
+            self._deliver_held_back()
             self._collect()
             refs = [h.refresh.remote() for h in self._shards]
             for k, ref in enumerate(refs):
@@ -295,6 +296,19 @@ class ShardedReplay:
     def filled(self) -> int:
         """Transitions stored over all shards."""
         return sum(s.size for s in self.summaries)
+
+    @property
+    def position(self) -> int:
+        """Rows added so far modulo :attr:`capacity`, as the learner's summaries know them.
+
+        The shards are rings of their own; this is where the next row would go if they were one ring.
+        """
+        return self.filled % self.capacity
+
+    @property
+    def dropped_updates(self) -> int:
+        """Update entries the shards skipped because their slot was rewritten after the draw (``stats``)."""
+        return int(self.stats["dropped_updates"])
 
     def __len__(self) -> int:
         return self.filled
@@ -348,7 +362,7 @@ class ShardedReplay:
             batch = self._take_prefetched(n, b)
             if batch is None:
                 batch = self._draw_now(n, b)
-            if self.staleness == 2:
+            if self.staleness == 2:  # (with 1, the draw sent ahead would need its updates sent in a round of their own)
                 self._prefetch(n)
             return batch
 
@@ -388,6 +402,7 @@ class ShardedReplay:
         return self._accept(shard_of, draws, beta)
 
     def _accept(self, shard_of: np.ndarray, draws: list[ShardDraw], beta: float) -> Sample:
+        self._schedule.serve(0)  # (each index carries its own shard's write epoch)
         self.stats["batches"] += 1
         self.stats["inexact_batches"] += not all(d.current for d in draws)
         return self._assemble(shard_of, draws, beta)
@@ -438,18 +453,22 @@ class ShardedReplay:
         if idx.size == 0:
             return
         with self._lock:
-            # The max before this update: each shard raises its own from the entries it applies (not the dropped ones).
-            top = max(s.max_priority for s in self._summaries)
-            for k in np.unique(idx["shard"]):
-                mine = idx["shard"] == k
-                sub = idx[mine]
-                for inc in np.unique(sub["incarnation"]):  # one per restart the batch straddles (almost always one)
-                    part = sub["incarnation"] == inc
-                    update = (sub["slot"][part], sub["epoch"][part], int(inc), td[mine][part])
-                    if self.staleness:
-                        self._carry[k].append(update)
-                    else:
-                        self._pending.append((int(k), self._shards[k].update.remote(*update, top)))
+            if self.staleness:
+                self._schedule.record(idx, td)
+            else:
+                self._send_updates(idx, td)
+
+    @property
+    def staleness(self) -> int:
+        """``k`` of the schedule (see :mod:`hetero_replay.schedule`)."""
+        return self.schedule_options.staleness
+
+    def _send_updates(self, idx: np.ndarray, td: np.ndarray) -> None:
+        """One update call per shard (and incarnation) the entries name, without waiting for the replies."""
+        # The max before this update: each shard raises its own from the entries it applies (not the dropped ones).
+        top = max(s.max_priority for s in self._summaries)
+        for k, update in _by_shard(idx, td):
+            self._pending.append((k, self._shards[k].update.remote(*update, top)))
 
     # -- routing and assembling ------------------------------------------------------------
 
@@ -477,15 +496,29 @@ class ShardedReplay:
     def _send_draw(
         self, shard_of: np.ndarray, offsets: np.ndarray, totals: np.ndarray, serve_changed: bool
     ) -> list[Any]:
-        """One draw call per shard, all sent at once (with the updates each carries); their replies."""
+        """One draw call per shard, all sent at once; their replies.
+
+        The draw is the batch of the schedule's next step ``j``. Held-back updates
+        that batch must see go out first, on their own (a shard runs one caller's
+        calls in order); those the batch after it must see ride on this draw,
+        applied after serving it.
+        """
+        j = self._schedule.served
+        while (update := self._schedule.due(j)) is not None:
+            self._send_updates(update.indices, update.td_errors)
+        carry: list[list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = [[] for _ in self._shards]
+        while (update := self._schedule.due(j + 1)) is not None:
+            for k, part in _by_shard(update.indices, update.td_errors):
+                carry[k].append(part)
         top = max(s.max_priority for s in self._summaries)
         replies = []
         for k, h in enumerate(self._shards):
-            s, carry = self._summaries[k], tuple(self._carry[k])
-            self._carry[k] = []
+            s = self._summaries[k]
             offsets_k = offsets[shard_of == k]
             replies.append(
-                h.draw.remote(offsets_k, s.incarnation, s.version, float(totals[k]), serve_changed, carry, top)
+                h.draw.remote(
+                    offsets_k, s.incarnation, s.version, float(totals[k]), serve_changed, tuple(carry[k]), top
+                )
             )
         return replies
 
@@ -551,12 +584,10 @@ class ShardedReplay:
                 self._store(k, summary)
                 self.stats["dropped_updates"] += dropped
 
-    def _deliver_carry(self) -> None:
-        """Send the updates still waiting for a draw to carry them (staleness >= 1) on their own."""
-        top = max(s.max_priority for s in self._summaries)
-        for k, carry in enumerate(self._carry):
-            self._pending.extend((k, self._shards[k].update.remote(*update, top)) for update in carry)
-            carry.clear()
+    def _deliver_held_back(self) -> None:
+        """Send the updates the schedule still holds back (staleness >= 1) on their own."""
+        while (update := self._schedule.next()) is not None:
+            self._send_updates(update.indices, update.td_errors)
 
     def _store(self, k: int, summary: ShardSummary) -> None:
         """Take in a reply's summary of shard ``k``, unless a newer one of the same incarnation is known."""
@@ -578,11 +609,13 @@ class ShardedReplay:
     def flush(self) -> None:
         """Apply the updates still carried (staleness >= 1), then checkpoint every shard now and wait."""
         with self._lock:
-            self._deliver_carry()
+            self._deliver_held_back()
             self._collect()
             refs = [h.checkpoint.remote() for h in self._shards]
             for k, ref in enumerate(refs):
                 self._summaries[k] = cluster.wait_for(functools.partial(self._ray.get, ref), k, self.recovery_timeout)
+
+    # -- what only a replay in one process can offer: refused, saying why ------------------------------
 
     def view(self, name: str) -> Any:
         """Refused: the rows live on the shards, so there is no array to view (host adapters' array attributes)."""
@@ -590,6 +623,34 @@ class ShardedReplay:
             f"field {name!r} of a ShardedReplay lives on its shards: there is no array view of it; "
             "read sampled rows from sample().data"
         )
+
+    def read_rows(self, name: str, indices: Any) -> Any:
+        """Refused: rows are read through :meth:`sample` (a slot names no row across shards)."""
+        raise TypeError(f"a ShardedReplay's rows live on its shards: field {name!r} is read through sample().data")
+
+    def write_rows(self, start: int, fields: Mapping[str, Any]) -> None:
+        """Refused: rows are written through :meth:`add` or a :meth:`writer`."""
+        raise TypeError("a ShardedReplay's rows live on its shards: write them with add() or a writer()")
+
+    def clear_priorities(self, indices: Any) -> None:
+        """Refused: a sharded replay's priorities change through :meth:`update_priorities` only."""
+        raise TypeError("a ShardedReplay's priorities change through update_priorities() only")
+
+    def leaves(self) -> np.ndarray:
+        """Refused: the priorities live on the shards (:attr:`summaries` gives each shard's totals)."""
+        raise TypeError("the priorities of a ShardedReplay live on its shards: see replay.summaries")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Refused: shards checkpoint themselves (``checkpoint_dir=``, :meth:`flush`)."""
+        raise TypeError(_NOT_IN_ONE_PROCESS)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Refused: shards restore their own checkpoints when Ray restarts them."""
+        raise TypeError(_NOT_IN_ONE_PROCESS)
+
+    def save(self, path: Any) -> None:
+        """Refused: shards checkpoint themselves (``checkpoint_dir=``, :meth:`flush`)."""
+        raise TypeError(_NOT_IN_ONE_PROCESS)
 
     def shard_pids(self) -> list[int]:
         """The process id of each shard (on its node)."""
@@ -608,7 +669,7 @@ class ShardedReplay:
         with self._lock:
             # A shard lost for good must not keep the others alive: its pending replies are given up.
             with contextlib.suppress(cluster.ShardLostError):
-                self._deliver_carry()
+                self._deliver_held_back()
                 self._collect()
             if destroy if destroy is not None else not self.detached:
                 for h in self._shards:
@@ -616,10 +677,34 @@ class ShardedReplay:
             self._shards = []
 
     def __getstate__(self) -> Any:
-        raise TypeError(
-            "a ShardedReplay is not pickled: its shards checkpoint themselves (checkpoint_dir=); "
-            "other processes add through replay.writer(), and a restarted learner uses ShardedReplay.attach(name)"
-        )
+        raise TypeError(_NOT_IN_ONE_PROCESS)
+
+
+_NOT_IN_ONE_PROCESS = (
+    "a ShardedReplay's state is not in one process: its shards checkpoint themselves (checkpoint_dir=, flush()); "
+    "other processes add through replay.writer(), and a restarted learner uses ShardedReplay.attach(name)"
+)
+
+
+def _sharded_staleness(staleness: int | StalenessOptions) -> StalenessOptions:
+    """``staleness`` as options this executor runs: ``k`` 0, 1 or 2 (with 2, the next draw is sent ahead)."""
+    if not isinstance(staleness, StalenessOptions):
+        staleness = StalenessOptions(staleness)
+    if staleness.staleness > 2:
+        raise ValueError(f"staleness must be 0, 1 or 2 for a ShardedReplay, got {staleness.staleness}")
+    return staleness
+
+
+def _by_shard(idx: np.ndarray, td: np.ndarray) -> list[tuple[int, tuple[np.ndarray, np.ndarray, int, np.ndarray]]]:
+    """Checked update entries split as the shards take them: ``(shard, (slots, epochs, incarnation, td))``."""
+    out = []
+    for k in np.unique(idx["shard"]):
+        mine = idx["shard"] == k
+        sub = idx[mine]
+        for inc in np.unique(sub["incarnation"]):  # one per restart the batch straddles (almost always one)
+            part = sub["incarnation"] == inc
+            out.append((int(k), (sub["slot"][part], sub["epoch"][part], int(inc), td[mine][part])))
+    return out
 
 
 def _per_shard_options(options: Any, num_shards: int) -> list[dict[str, Any]]:
@@ -635,13 +720,6 @@ def _per_shard_options(options: Any, num_shards: int) -> list[dict[str, Any]]:
             f"actor_options must be a dict or a list of {num_shards} dicts (one per shard), got {options!r}"
         )
     return [dict(o) for o in options]
-
-
-def _check_int(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
 
 
 __all__ = ["INDEX_DTYPE", "ShardedReplay"]
