@@ -4,10 +4,10 @@
     python benchmarks/bench_advisor.py --only sb3-dqn-b64 --repeats 2     # one workload
 
 For each workload the advisor profiles this machine from scratch (no cache),
-ranks every mapping (tree backend x threads x storage x staleness 0/1 on the
-CPU learner; GPUs too where present), then trains mappings end to end in the
-real adapter (``hetero_replay.advisor.validation``): every ranked mapping in the
-workloads marked ``all`` (so each valid mapping is validated in at least two
+ranks every placement (tree backend x threads x storage x staleness 0/1 on the
+CPU learner; GPUs too where present), then trains placements end to end in the
+real adapter (``hetero_replay.advisor.validation``): every ranked placement in the
+workloads marked ``all`` (so each valid placement is validated in at least two
 workloads), the top three plus the default and the baseline elsewhere. Each run
 times a fixed number of env steps (~4 s at the median prediction); runs repeat
 ``--repeats`` times, interleaved, and the median counts.
@@ -15,7 +15,7 @@ times a fixed number of env steps (~4 s at the median prediction); runs repeat
 Outputs, per workload ``<out>/<name>/``: ``advice.txt`` (the ranked table with
 measured speeds and errors), ``advice.json``, ``advice.png``, ``profile.json``;
 across workloads ``<out>/validation.{md,json,png}``: MAPE per workload and
-overall, whether the top-ranked mapping measured within 5% of the fastest, and
+overall, whether the top-ranked placement measured within 5% of the fastest, and
 the advisor's choice vs the default vs the baseline, measured (the paper's
 speed-up table on this machine). torch runs on one thread (``--torch-threads``)
 so that the cores left for the replay are known; say so when quoting.
@@ -39,7 +39,7 @@ from hetero_replay.advisor import report, validation
 
 @dataclasses.dataclass(frozen=True)
 class Study:
-    """One workload of the study: a name, ``make_workload``'s arguments, whether to validate every mapping."""
+    """One workload of the study: a name, ``make_workload``'s arguments, whether to validate every placement."""
 
     name: str
     setup: dict[str, Any]
@@ -100,7 +100,7 @@ def write_overall(results: list[dict[str, Any]], out: Path, argv: list[str]) -> 
     within = sum(bool(r["summary"]["top_ranked_within_5pct"]) for r in results)
     lines += [
         "",
-        f"Overall MAPE over {len(points)} validated (workload, mapping) pairs: **{100 * overall:.1f}%**; "
+        f"Overall MAPE over {len(points)} validated (workload, placement) pairs: **{100 * overall:.1f}%**; "
         f"top-ranked within 5% of the measured best in **{within}/{len(results)}** workloads.",
         "",
         report.format_validation(points),
@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", nargs="*", default=None, help="names of the workloads to run (default: all)")
-    p.add_argument("--repeats", type=int, default=3, help="validation runs per mapping (median)")
-    p.add_argument("--top", type=int, default=3, help="top-ranked mappings validated where not all are")
+    p.add_argument("--repeats", type=int, default=3, help="validation runs per placement (median)")
+    p.add_argument("--top", type=int, default=3, help="top-ranked placements validated where not all are")
     p.add_argument("--env-steps", type=int, default=None, help="env steps per validation run (default: ~4 s)")
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--out", default="benchmarks/results/advisor")

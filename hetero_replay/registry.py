@@ -3,7 +3,7 @@
 Each entry maps a name to a factory and says which devices it runs on, whether
 it is usable on this machine and, if not, why (and which extra to install).
 :func:`~hetero_replay.trees.make_tree`, :func:`~hetero_replay.storage.make_storage`,
-:class:`~hetero_replay.mapping.Mapping` validation and ``hetero-replay info``
+:class:`~hetero_replay.placement.Placement` validation and ``hetero-replay info``
 all read it (and the tests check ``docs/backends.md`` against it), so the list
 of backends exists once.
 
@@ -151,7 +151,7 @@ class BackendSpec(_Spec):
     auto_rank: int | None = None
     #: Device types where the factory runs an emulation of the backend's kernels (slow; for tests,
     #: e.g. cupy's CPU executor), or full device names of an emulation (``"fpga:emu"``): make_tree
-    #: accepts them without the check; "auto" and Mapping ignore them. A backend with a full emulated
+    #: accepts them without the check; "auto" and Placement ignore them. A backend with a full emulated
     #: device name picks its default device itself (its factory gets ``device=None`` unchecked): the
     #: fpga tree runs its emulation without a board.
     emulated_on: tuple[str, ...] = ()
@@ -210,11 +210,11 @@ def register_backend(
 
     Args:
         name: what ``make_tree(name)``, ``PrioritizedReplay(tree=name)`` and
-            ``Mapping(tree=name)`` take (not ``"auto"``).
+            ``Placement(tree=name)`` take (not ``"auto"``).
         factory: ``factory(capacity, fanout, dtype, device) -> SumTree`` (see :class:`BackendSpec`).
         devices: the device types it runs on, e.g. ``("cpu",)``, ``("cuda",)``,
             ``("fpga",)``, or ``(ANY_TORCH_DEVICE,)``. They become valid device
-            names of a :class:`~hetero_replay.mapping.Mapping` (``"fpga"``, ``"fpga:1"``).
+            names of a :class:`~hetero_replay.placement.Placement` (``"fpga"``, ``"fpga:1"``).
         check: ``check() -> None`` when usable here, else a one-line reason (or
             it raises an ImportError); called on every lookup, so cache it if
             it is slow. ``None``: always usable.
@@ -266,7 +266,7 @@ def register_storage(
 
     Args:
         name: the placement ``make_storage(name)`` / ``PrioritizedReplay(storage=name)`` /
-            ``Mapping(storage=name)`` takes, unless ``device_placement``.
+            ``Placement(storage=name)`` takes, unless ``device_placement``.
         factory: ``factory(capacity, schema, placement) -> Storage`` (see :class:`StorageSpec`).
         devices: the device types its rows live on (``("cpu",)`` for host memory).
         check, extra, description, threaded, override: as for :func:`register_backend`.
@@ -460,7 +460,7 @@ def ranked_backends(device: Any = None) -> tuple[BackendSpec, ...]:
 def device_types() -> tuple[str, ...]:
     """Every device type a registered backend or storage names explicitly, ``"cpu"`` first.
 
-    These are the valid device names of a :class:`~hetero_replay.mapping.Mapping`
+    These are the valid device names of a :class:`~hetero_replay.placement.Placement`
     (with ``:N`` for all but the CPU).
     """
     _ensure_plugins()
@@ -474,7 +474,7 @@ def device_available(device_type: str) -> tuple[bool, str]:
     """Whether a registered backend or storage declaring ``device_type`` is usable here.
 
     Returns ``(True, "")``, or ``(False, reason)`` with each declaring entry's
-    reason. It is how a :class:`~hetero_replay.mapping.Mapping` knows that a
+    reason. It is how a :class:`~hetero_replay.placement.Placement` knows that a
     device type it has no probe for (one a plugin added) is present.
     """
     _ensure_plugins()

@@ -17,7 +17,7 @@ transition and no priority between host and device: only the uniforms of the
 draws (8 bytes per draw, drawn by the buffer's seeded NumPy generator so runs
 are reproducible) go to the device, and each update ends with one read of a
 few scalars (the tree's total and minimum, the validation flags, the largest
-priority). Any other mapping pays exactly its boundary: e.g. a host tree with a
+priority). Any other placement pays exactly its boundary: e.g. a host tree with a
 GPU learner copies the batch and weights over and the TD errors back.
 """
 

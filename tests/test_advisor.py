@@ -3,7 +3,7 @@
 The model is checked against hand-computed numbers on constructed profiles
 (data, not timings), so nothing here depends on this machine's speed. The host
 libraries' workloads have their own tests (test_advisor_*_workload.py); the
-end-to-end paths (cache, CLI, ``mapping="auto"``) are in test_advisor_e2e.py.
+end-to-end paths (cache, CLI, ``placement="auto"``) are in test_advisor_e2e.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hetero_replay.advisor import (
     profile,
 )
 from hetero_replay.advisor.profile import MODELLED, ReplayEntry
-from hetero_replay.mapping import Mapping
+from hetero_replay.placement import Placement
 
 US = 1e-6
 
@@ -234,12 +234,12 @@ def test_a_profile_without_the_learner_or_the_config_is_a_key_error():
 # -- the design space -----------------------------------------------------------------------
 
 
-def test_every_enumerated_configuration_is_a_valid_mapping_here():
+def test_every_enumerated_configuration_is_a_valid_placement_here():
     configs = explore.replay_configs(["cpu"])
     assert configs[0] == explore.default_config("cpu")
     assert len(set(configs)) == len(configs)
     for config in configs:
-        config.mapping(check=True)  # raises if not valid here
+        config.placement(check=True)  # raises if not valid here
         assert config.tree in registry.backends()
 
 
@@ -312,7 +312,7 @@ def test_advice_from_a_saved_profile_needs_no_host_library(tmp_path):
     advice = advise(profile=path, staleness=(0,))
     assert isinstance(advice, Advice)
     best = advice.best
-    assert isinstance(best.mapping, Mapping) and best.staleness == 0
+    assert isinstance(best.placement, Placement) and best.staleness == 0
     assert best.threads == advice.rows[0].candidate.threads
     summary = advice.summary()
     assert summary["speedup_vs_baseline"] == pytest.approx(advice.rows[0].predicted / advice.row("baseline").predicted)

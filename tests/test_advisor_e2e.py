@@ -1,4 +1,4 @@
-"""The advisor end to end on this machine: real profiles, the cache, validation, the CLI, ``mapping="auto"``.
+"""The advisor end to end on this machine: real profiles, the cache, validation, the CLI, ``placement="auto"``.
 
 Tiny setups (N = 2000, B = 32) and three repetitions per timing keep each
 profile to a few seconds; nothing asserts how fast anything is.
@@ -18,7 +18,7 @@ import torch  # noqa: E402
 import hetero_replay  # noqa: E402
 from hetero_replay.advisor import (  # noqa: E402
     Advice,
-    AutoMapping,
+    AutoPlacement,
     Profile,
     advise,
     make_workload,
@@ -27,7 +27,7 @@ from hetero_replay.advisor import (  # noqa: E402
 )
 from hetero_replay.advisor import profile as profiling  # noqa: E402
 from hetero_replay.apps.cli import main  # noqa: E402
-from hetero_replay.mapping import Mapping  # noqa: E402
+from hetero_replay.placement import Placement  # noqa: E402
 
 N, B = 2000, 32
 SETUP = dict(algo="dqn", env="CartPole-v1", batch_size=B, buffer_size=N)
@@ -149,19 +149,19 @@ def test_validating_from_a_profile_alone_is_refused(tmp_path, capsys):
     assert "--validate trains" in capsys.readouterr().err
 
 
-# -- the adapters' mapping="auto" -----------------------------------------------------------------
+# -- the adapters' placement="auto" -----------------------------------------------------------------
 
 
-def test_perdqn_auto_takes_the_advisors_best_mapping_and_threads(counting_env):
+def test_perdqn_auto_takes_the_advisors_best_placement_and_threads(counting_env):
     from hetero_replay.adapters.sb3 import PERDQN
 
     advise(lib="sb3", algo=PERDQN, env="CartPole-v1", batch_size=B, buffer_size=N, repeats=3, staleness=(0,))
     user_env = counting_env("CartPole-v1")
     hetero_replay.set_num_threads(1 if hetero_replay.num_threads() > 1 else 2)  # auto must set it
-    model = PERDQN("MlpPolicy", user_env, batch_size=B, buffer_size=N, mapping="auto", learning_starts=50, seed=0)
+    model = PERDQN("MlpPolicy", user_env, batch_size=B, buffer_size=N, placement="auto", learning_starts=50, seed=0)
     assert user_env.calls == 0  # profiled through copies (here: read from the cache)
     best = model.advice.best
-    assert isinstance(model.mapping, Mapping) and model.mapping == best.mapping
+    assert isinstance(model.placement, Placement) and model.placement == best.placement
     assert hetero_replay.num_threads() == best.threads
     assert model.staleness == best.staleness == 0
     model.learn(200)
@@ -171,33 +171,33 @@ def test_perdqn_auto_takes_the_advisors_best_mapping_and_threads(counting_env):
 def test_perdqn_auto_keeps_the_staleness_and_device_asked_for():
     from hetero_replay.adapters.sb3 import PERDQN
 
-    model = PERDQN("MlpPolicy", "CartPole-v1", batch_size=B, buffer_size=N, mapping="auto", staleness=2, device="cpu")
+    model = PERDQN("MlpPolicy", "CartPole-v1", batch_size=B, buffer_size=N, placement="auto", staleness=2, device="cpu")
     assert model.staleness == 2
     assert {r.candidate.staleness for r in model.advice.rows} == {2}
     assert {r.candidate.replay.learner for r in model.advice.rows} == {"cpu"}
 
 
-def test_a_mapping_string_other_than_auto_is_refused():
+def test_a_placement_string_other_than_auto_is_refused():
     from hetero_replay.adapters.sb3 import PERDQN
 
     with pytest.raises(TypeError, match="'auto' or None, got str 'fastest'"):
-        PERDQN("MlpPolicy", "CartPole-v1", mapping="fastest")
+        PERDQN("MlpPolicy", "CartPole-v1", placement="fastest")
 
 
-def test_tianshou_wrapper_takes_the_advisors_best_mapping():
+def test_tianshou_wrapper_takes_the_advisors_best_placement():
     pytest.importorskip("tianshou")
     from hetero_replay.adapters.tianshou import HeteroPrioritizedVectorReplayBuffer, PEROffPolicyWrapper
     from hetero_replay.adapters.tianshou.workload import STANDARD_HYPERPARAMS, standard_algorithm
 
     dqn = standard_algorithm("dqn", gym.make("CartPole-v1"), STANDARD_HYPERPARAMS["dqn"])
     before = {k: v.clone() for k, v in dqn.policy.state_dict().items()}
-    auto = AutoMapping(env="CartPole-v1", batch_size=B, buffer_size=N, n_envs=2)
-    with pytest.raises(ValueError, match="AutoMapping"):
-        PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, mapping="auto")
-    algorithm = PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, mapping=auto)
-    assert isinstance(algorithm.mapping, Mapping)
-    assert algorithm.mapping == algorithm.advice.best.mapping
+    auto = AutoPlacement(env="CartPole-v1", batch_size=B, buffer_size=N, n_envs=2)
+    with pytest.raises(ValueError, match="AutoPlacement"):
+        PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, placement="auto")
+    algorithm = PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, placement=auto)
+    assert isinstance(algorithm.placement, Placement)
+    assert algorithm.placement == algorithm.advice.best.placement
     assert hetero_replay.num_threads() == algorithm.advice.best.threads
     after = dqn.policy.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # profiled copies, not the algorithm
-    HeteroPrioritizedVectorReplayBuffer(N, 2, mapping=algorithm.mapping)  # the buffer takes the same mapping
+    HeteroPrioritizedVectorReplayBuffer(N, 2, placement=algorithm.placement)  # the buffer takes the same placement

@@ -22,7 +22,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 @dataclasses.dataclass
 class Row:
-    """What the advisor's model gives the report for one mapping."""
+    """What the advisor's model gives the report for one placement."""
 
     candidate: Candidate
     predicted: float
@@ -175,7 +175,7 @@ def test_table_prints_a_given_summary() -> None:
     assert "best: x" in text and "speedup vs default: 1.50x" in text and "mape: 12.3%" in text and "n: 3" in text
 
 
-def test_summary_lists_mappings_near_the_best() -> None:
+def test_summary_lists_placements_near_the_best() -> None:
     rows = three_rows()
     rows[1].predicted = 11_500.0  # within 5% of 12,000
     assert report.summarize(rows)["within_5%_of_best"] == [rows[1].candidate.label]

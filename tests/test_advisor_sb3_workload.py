@@ -34,8 +34,8 @@ from hetero_replay.advisor.profile import (  # noqa: E402
     measure_in_loop,
 )
 from hetero_replay.advisor.workload import Candidate, ReplayConfig  # noqa: E402
-from hetero_replay.mapping import Mapping  # noqa: E402
 from hetero_replay.pipeline import RelaxedReplay  # noqa: E402
+from hetero_replay.placement import Placement  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -186,7 +186,7 @@ def test_a_vec_envs_number_of_envs_is_kept(counting_env) -> None:
 @pytest.mark.parametrize("n_envs", [1, 2])
 def test_fill_makes_the_buffer_full_with_n_rows_and_spread_priorities(n_envs: int) -> None:
     workload = small_dqn(n_envs=n_envs)
-    model = workload.build(Mapping())
+    model = workload.build(Placement())
     try:
         buffer = model.replay_buffer
         workload.fill(buffer)
@@ -208,7 +208,7 @@ def test_fill_makes_the_buffer_full_with_n_rows_and_spread_priorities(n_envs: in
 
 def test_fill_gives_a_relaxed_buffer_its_priorities_too() -> None:
     workload = small_dqn()
-    model = workload.build(Mapping(), staleness=1)
+    model = workload.build(Placement(), staleness=1)
     try:
         assert isinstance(model.replay_buffer.replay, RelaxedReplay)
         workload.fill(model.replay_buffer)

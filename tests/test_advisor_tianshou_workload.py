@@ -33,7 +33,7 @@ from hetero_replay.adapters.tianshou.workload import (  # noqa: E402
 from hetero_replay.advisor import workload as advisor_workload  # noqa: E402
 from hetero_replay.advisor.profile import HOST_STEPS, REPLAY_STEPS, Timer, Timing, measure, measure_in_loop  # noqa: E402
 from hetero_replay.advisor.workload import Candidate, ReplayConfig, Workload  # noqa: E402
-from hetero_replay.mapping import Mapping  # noqa: E402
+from hetero_replay.placement import Placement  # noqa: E402
 
 N, B, ENVS = 2000, 32, 2
 NATIVE = ReplayConfig("native", 1, "host")
@@ -195,7 +195,7 @@ def test_time_replay_times_the_primitives_without_a_worker_thread(dqn: TianshouW
 
 @pytest.mark.parametrize("tree", ["native", "torch"])
 def test_fill_writes_every_slot_with_random_priorities(dqn: TianshouWorkload, tree: str) -> None:
-    buffer = dqn._filled_buffer(Mapping(tree=tree))
+    buffer = dqn._filled_buffer(Placement(tree=tree))
     size = buffer.maxsize // ENVS
     assert len(buffer) == buffer.maxsize >= N
     priorities = buffer.weight[np.arange(buffer.maxsize)]
@@ -218,7 +218,7 @@ def test_fill_writes_every_slot_with_random_priorities(dqn: TianshouWorkload, tr
 def test_fill_marks_a_time_limit_where_no_episode_ended(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ts_workload, "SOURCE_ROWS", 3)  # CartPole never ends in 3 steps
     workload = make_workload("dqn", "CartPole-v1", B, 200, n_envs=ENVS)
-    buffer = workload._filled_buffer(Mapping())
+    buffer = workload._filled_buffer(Placement())
     size = buffer.maxsize // ENVS
     assert np.all(buffer.truncated[buffer._offset + size - 1]) and not buffer.terminated.any()
     assert buffer.done.sum() == sum(len(range(size - 1, -1, -3)) for _ in range(ENVS))  # every third slot

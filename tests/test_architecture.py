@@ -30,7 +30,7 @@ LAYERS = [
     ("hetero_replay.priorities",),
     ("hetero_replay.replay", "hetero_replay.torch_batches"),
     ("hetero_replay.pipeline", "hetero_replay.distributed"),  # distributed: shards hold engine buffers
-    ("hetero_replay.mapping",),
+    ("hetero_replay.placement",),
     ("hetero_replay.advisor",),  # knows the host libraries only through their workloads (entry-point strings)
     ("hetero_replay",),  # the package's facade: what adapters and users import
     ("hetero_replay.adapters",),

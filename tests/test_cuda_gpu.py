@@ -125,9 +125,9 @@ def test_all_gpu_training_step_moves_only_the_uniforms(tree):
     if tree == "cupy" and not cuda_available():
         pytest.skip("needs CuPy")
     from hetero_replay import PrioritizedReplay
-    from hetero_replay.mapping import Mapping, TransferCounter
+    from hetero_replay.placement import Placement, TransferCounter
 
-    m = Mapping(**{p: "cuda" for p in ("inference", "sample", "update", "train")}, storage="cuda", tree=tree)
+    m = Placement(**{p: "cuda" for p in ("inference", "sample", "update", "train")}, storage="cuda", tree=tree)
     buf = PrioritizedReplay(1000, SCHEMA, seed=0, **m.replay_kwargs())
     buf.add(make_batch(800))
     net = torch.nn.Linear(3, 2).cuda()
@@ -149,12 +149,12 @@ def test_all_gpu_training_step_moves_only_the_uniforms(tree):
 
 
 @needs_torch_cuda
-@pytest.mark.parametrize("mapping", ["host-tree", "device-tree"])
-def test_relaxed_pipeline_on_a_side_stream_serves_the_inline_batches(mapping):
+@pytest.mark.parametrize("placement", ["host-tree", "device-tree"])
+def test_relaxed_pipeline_on_a_side_stream_serves_the_inline_batches(placement):
     """A CUDA learner: the worker draws and copies on a side stream; batches equal the inline schedule's."""
     from hetero_replay import PrioritizedReplay, RelaxedReplay
 
-    kwargs = dict(device="cuda") if mapping == "host-tree" else dict(tree="torch", tree_device="cuda", storage="cuda")
+    kwargs = dict(device="cuda") if placement == "host-tree" else dict(tree="torch", tree_device="cuda", storage="cuda")
 
     def run(worker: str) -> list:
         buf = RelaxedReplay(PrioritizedReplay(4096, SCHEMA, seed=0, **kwargs), staleness=2, prefetch=2, worker=worker)

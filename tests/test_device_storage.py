@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hetero_replay import PrioritizedReplay  # noqa: E402
-from hetero_replay.mapping import TransferCounter  # noqa: E402
+from hetero_replay.placement import TransferCounter  # noqa: E402
 from hetero_replay.storage import HostStorage, make_storage  # noqa: E402
 from hetero_replay.storage.torch_storage import TorchStorage  # noqa: E402
 from tests.conftest import SCHEMA, make_batch  # noqa: E402

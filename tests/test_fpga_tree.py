@@ -42,7 +42,7 @@ from hetero_replay.fpga.reference import (
     read_trace,
     scale_draws,
 )
-from hetero_replay.mapping import DeviceUnavailableError, Mapping
+from hetero_replay.placement import DeviceUnavailableError, Placement
 from hetero_replay.trees import FANOUTS, make_tree
 from hetero_replay.trees.fpga_tree import BITFILE_ENV, FpgaSumTree
 
@@ -623,8 +623,8 @@ def test_registered_as_fpga_with_its_emulation(monkeypatch):
         make_tree("fpga", 10, device="cpu")
     assert "fpga" not in [s.name for s in registry.ranked_backends("fpga:0")]  # "auto" never picks it
     with pytest.raises(DeviceUnavailableError, match="^sample: 'fpga:0' requested"):
-        Mapping(sample="fpga", update="fpga", tree="fpga")
-    assert Mapping(sample="fpga", update="fpga", tree="fpga", check=False).replay_kwargs()["tree"] == "fpga"
+        Placement(sample="fpga", update="fpga", tree="fpga")
+    assert Placement(sample="fpga", update="fpga", tree="fpga", check=False).replay_kwargs()["tree"] == "fpga"
 
 
 def test_emulated_on_takes_named_devices():

@@ -1,5 +1,5 @@
 """The registry of tree backends and storages: registering, looking up, plugins found by entry point,
-what make_tree, make_storage, Mapping and ``hetero-replay info`` make of it.
+what make_tree, make_storage, Placement and ``hetero-replay info`` make of it.
 
 The toy backend comes from a separate package installed for the session (see
 ``tests/conftest.py``); the reference tests of ``tests/test_trees.py`` run
@@ -22,7 +22,7 @@ import pytest
 import hetero_replay
 from hetero_replay import registry
 from hetero_replay.apps import cli
-from hetero_replay.mapping import DeviceUnavailableError, Mapping
+from hetero_replay.placement import DeviceUnavailableError, Placement
 from hetero_replay.registry import ANY_TORCH_DEVICE, BackendUnavailableError
 from hetero_replay.storage import HostStorage, make_storage
 from hetero_replay.trees import SumTree, make_tree
@@ -81,11 +81,11 @@ def test_toy_backend_through_make_tree():
         make_tree("toy", 10, device="cuda")
 
 
-def test_toy_backend_in_a_mapping():
-    m = Mapping(sample="toyaccel:2", update="toyaccel:2", tree="toy")
+def test_toy_backend_in_a_placement():
+    m = Placement(sample="toyaccel:2", update="toyaccel:2", tree="toy")
     assert m.replay_kwargs()["tree"] == "toy" and m.checked() == m
     with pytest.raises(ValueError, match="tree must be one of .*'toy'.*, got 'asic'"):
-        Mapping(tree="asic")
+        Placement(tree="asic")
 
 
 def test_info_lists_every_backend_and_storage(capsys):
@@ -166,12 +166,12 @@ def test_unusable_backend_names_its_extra(fresh):
     assert isinstance(BackendUnavailableError("x"), ImportError)
     # its device is a valid name, described but absent here; "auto" knows it and says why it cannot build
     assert "fpgacard" in registry.device_types()
-    assert Mapping(sample="fpgacard", update="fpgacard", check=False).tree_backend == "card"
+    assert Placement(sample="fpgacard", update="fpgacard", check=False).tree_backend == "card"
     with pytest.raises(
         DeviceUnavailableError,
         match=r"^sample: 'fpgacard:0' requested, but nothing usable here runs on it \(.*no FPGA card",
     ):
-        Mapping(sample="fpgacard", update="fpgacard")
+        Placement(sample="fpgacard", update="fpgacard")
     with pytest.raises(
         ValueError, match=r"no tree backend runs on device 'fpgacard:1' here \(card: no FPGA card found"
     ):
@@ -199,7 +199,7 @@ def test_a_broken_check_makes_the_backend_unusable_not_the_registry(fresh):
 
 
 def test_emulated_devices_skip_the_check(fresh):
-    """cupy's CPU executor: make_tree takes the emulated device; Mapping and "auto" do not."""
+    """cupy's CPU executor: make_tree takes the emulated device; Placement and "auto" do not."""
     seen = []
 
     def factory(capacity, fanout, dtype, device):
@@ -212,13 +212,13 @@ def test_emulated_devices_skip_the_check(fresh):
     make_tree("emu", 10, device="cpu")
     assert seen == ["cpu"]
     with pytest.raises(ValueError, match="tree backend 'emu' runs on a 'fpgacard' device; sample/update are on 'cpu'"):
-        Mapping(tree="emu")
+        Placement(tree="emu")
     assert type(make_tree("auto", 10)) is type(make_tree("native", 10))
 
 
 def test_auto_ranks(fresh):
     registry.register_backend("first", numpy_tree, devices=("cpu",), auto_rank=-1)
-    assert registry.ranked_backends()[0].name == "first" and Mapping().tree_backend == "first"
+    assert registry.ranked_backends()[0].name == "first" and Placement().tree_backend == "first"
     names = [s.name for s in registry.ranked_backends("cuda:0")]
     assert names[:2] == ["cupy", "torch"]  # CuPy's kernels first on CUDA, usable here or not
     assert [s.name for s in registry.ranked_backends("meta")] == ["torch"]
@@ -234,7 +234,7 @@ def test_register_and_use_a_storage(fresh):
     hetero_replay.register_storage("shm", shm, devices=("cpu",), description="shared memory")
     assert "shm" in hetero_replay.storages()
     assert isinstance(make_storage("shm", 4, SCHEMA), HostStorage) and made == ["shm"]
-    m = Mapping(storage="shm", train="cpu")
+    m = Placement(storage="shm", train="cpu")
     assert m.storage == "shm" and m.transfers() == ()
     buf = hetero_replay.PrioritizedReplay(8, SCHEMA, storage="shm")
     assert isinstance(buf.storage, HostStorage)
@@ -248,7 +248,7 @@ def test_a_device_placement_storage_takes_its_devices_names(fresh):
         ValueError, match="storage must be 'host', 'pinned', 'shared', 'disk', a torch device or a 'toyaccel' device"
     ):
         registry.storage_for("gpu")
-    m = Mapping(storage="toyaccel", check=False)
+    m = Placement(storage="toyaccel", check=False)
     assert m.storage == "toyaccel:0"
 
 
@@ -259,17 +259,17 @@ def test_unusable_storage(fresh):
     ):
         make_storage("far", 4, SCHEMA)
     with pytest.raises(DeviceUnavailableError, match="^storage: storage 'far' is not usable here: no server"):
-        Mapping(storage="far")
+        Placement(storage="far")
     assert registry.usable("far", kind="storage") == (False, "no server (pip install hetero-replay[remote])")
 
 
-def test_mapping_device_names_without_plugins(fresh):
+def test_placement_device_names_without_plugins(fresh):
     del registry._backends["toy"]
     assert registry.device_types() == ("cpu", "cuda", "fpga")  # the built-ins' (fpga: the RMM's board)
     with pytest.raises(
         ValueError, match=r"^train: device must be 'cpu', 'cuda', 'cuda:N', 'fpga' or 'fpga:N', got 'toyaccel'$"
     ):
-        Mapping(train="toyaccel")
+        Placement(train="toyaccel")
 
 
 def test_device_descriptions():

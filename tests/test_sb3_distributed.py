@@ -14,7 +14,7 @@ pytest.importorskip("ray")
 
 from hetero_replay.adapters.sb3 import PERDQN, PERSAC, PERTD3, PrioritizedReplayBuffer  # noqa: E402
 from hetero_replay.distributed import INDEX_DTYPE, ShardedReplay  # noqa: E402
-from hetero_replay.mapping import Mapping  # noqa: E402
+from hetero_replay.placement import Placement  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "ray_local")
 
@@ -67,7 +67,7 @@ def test_the_buffer_samples_from_the_shards_with_global_weights() -> None:
          ValueError, "optimize_memory_usage"),
         (dict(distributed=dict(num_shards=2), staleness=3), ValueError, "staleness"),
         (dict(distributed=dict(num_shards=2), storage="disk"), ValueError, "storage"),
-        (dict(distributed=dict(num_shards=2), mapping=Mapping()), ValueError, "mapping"),
+        (dict(distributed=dict(num_shards=2), placement=Placement()), ValueError, "placement"),
         (dict(distributed=dict(num_shards=0)), ValueError, "num_shards"),
     ],
 )  # fmt: skip

@@ -80,16 +80,16 @@ def test_perdqn_resumes_from_a_disk_buffer_after_kill_9(tmp_path):
     buf._replay.close()
 
 
-def test_disk_storage_refuses_a_mapping_and_a_storage_together(tmp_path):
-    """storage= and mapping= both place the rows: refused, naming both."""
+def test_disk_storage_refuses_a_placement_and_a_storage_together(tmp_path):
+    """storage= and placement= both place the rows: refused, naming both."""
     from gymnasium import spaces
 
-    from hetero_replay.mapping import Mapping
+    from hetero_replay.placement import Placement
 
     box = spaces.Box(-1, 1, (4,))
-    with pytest.raises(ValueError, match="storage='disk' and the mapping"):
+    with pytest.raises(ValueError, match="storage='disk' and the placement"):
         PrioritizedReplayBuffer(
-            100, box, spaces.Discrete(2), mapping=Mapping(), storage="disk", storage_options={"path": str(tmp_path)}
+            100, box, spaces.Discrete(2), placement=Placement(), storage="disk", storage_options={"path": str(tmp_path)}
         )
     with pytest.raises(TypeError, match="storage must be a storage name"):
         PrioritizedReplayBuffer(100, box, spaces.Discrete(2), storage=3)  # type: ignore[arg-type]

@@ -237,17 +237,17 @@ def test_nested_observations_vector_rewards_and_storage_options_round_trip(tmp_p
     assert HeteroPrioritizedVectorReplayBuffer.reopen(path, backend="native").sample(6)[1].shape == (6,)
 
 
-def test_a_mapping_is_given_again_at_reopen(tmp_path: Path) -> None:
-    from hetero_replay.mapping import Mapping
+def test_a_placement_is_given_again_at_reopen(tmp_path: Path) -> None:
+    from hetero_replay.placement import Placement
 
     path = tmp_path / "buf.hr"
-    buf = make("vector", 40, path, flush_every=10**6, mapping=Mapping(tree="torch"))
+    buf = make("vector", 40, path, flush_every=10**6, placement=Placement(tree="torch"))
     for step in range(4):
         add_step(buf, step)
     buf.update_weight(np.arange(4), [0.5, 1.0, 2.0, 4.0])
     buf.flush()
-    assert header_of(path)["tianshou"]["backend"] == "auto"  # the mapping chose the tree, not the user
-    placed = HeteroPrioritizedVectorReplayBuffer.reopen(path, mapping=Mapping(tree="torch"))
+    assert header_of(path)["tianshou"]["backend"] == "auto"  # the placement chose the tree, not the user
+    placed = HeteroPrioritizedVectorReplayBuffer.reopen(path, placement=Placement(tree="torch"))
     plain = HeteroPrioritizedVectorReplayBuffer.reopen(path)
     assert type(placed.priority_tree) is type(buf.priority_tree) is not type(plain.priority_tree)
     assert_same_state(buf, placed)

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from hetero_replay.mapping import TransferCounter  # noqa: E402
+from hetero_replay.placement import TransferCounter  # noqa: E402
 from hetero_replay.trees import make_tree  # noqa: E402
 from hetero_replay.trees.torch_tree import TorchSumTree, column_prefix, sequential_prefix  # noqa: E402
 from tests.test_trees import assert_same_tree  # noqa: E402

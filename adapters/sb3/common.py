@@ -20,13 +20,13 @@ from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule, get
 
 from hetero_replay.adapters.sb3.buffers import DictPrioritizedReplayBuffer, PrioritizedReplayBuffer
 from hetero_replay.advisor import Advice
-from hetero_replay.mapping import Mapping, one_policy_mapping
 from hetero_replay.options import check_beta
 from hetero_replay.pipeline import check_staleness
+from hetero_replay.placement import Placement, one_policy_placement
 from hetero_replay.torch_batches import same_device
 
 _log = logging.getLogger("hetero_replay.adapters.sb3")
-#: A model's arguments that say where it runs or what it logs, not what it trains: mapping="auto" leaves them out.
+#: A model's arguments that say where it runs or what it logs, not what it trains: placement="auto" leaves them out.
 _NOT_WORKLOAD = ("policy", "env", "seed", "device", "verbose", "tensorboard_log", "_init_setup_model")
 
 #: ``progress_remaining`` (1 at the start of training, 0 at the end) -> beta.
@@ -69,44 +69,44 @@ class PERMixin(_OffPolicyBase):
       fixed schedule, so seeded runs still repeat exactly; where the replay work
       is a large enough share of a step, a worker thread does it while the
       network trains.
-    * ``mapping`` places the primitives: the model's device is
-      ``mapping.learner_device`` and the buffer is built from the mapping (see
+    * ``placement`` places the primitives: the model's device is
+      ``placement.learner_device`` and the buffer is built from the placement (see
       :class:`~hetero_replay.adapters.sb3.PrioritizedReplayBuffer`). SB3 acts
       and trains with one policy, so ``inference`` and ``train`` must agree. A
-      saved model keeps its mapping; ``Model.load(path, mapping=other)``
-      places it anew (the mapping, not ``load``'s ``device``, decides the device).
+      saved model keeps its placement; ``Model.load(path, placement=other)``
+      places it anew (the placement, not ``load``'s ``device``, decides the device).
 
     Args:
         beta_schedule: ``None`` (linear to 1), a constant in ``[0, 1]``, or a
             function of ``progress_remaining`` (1 -> 0) returning beta in ``[0, 1]``.
-        mapping: a :class:`hetero_replay.mapping.Mapping`, ``"auto"``, or
+        placement: a :class:`hetero_replay.placement.Placement`, ``"auto"``, or
             ``None`` for the buffer's defaults (C++ tree, NumPy storage) on
-            SB3's ``device``. ``replay_buffer_kwargs=dict(mapping=...)`` means
+            SB3's ``device``. ``replay_buffer_kwargs=dict(placement=...)`` means
             the same. ``"auto"`` asks :func:`hetero_replay.advisor.advise`: it
             profiles this setup on this machine (cached afterwards), takes the
-            top-ranked mapping for the given ``staleness`` (and ``device``, if
+            top-ranked placement for the given ``staleness`` (and ``device``, if
             given), sets the replay threads it was ranked with
             (:func:`hetero_replay.set_num_threads`), keeps the ranking in
-            ``model.advice`` and logs which mapping it chose and why (printed
+            ``model.advice`` and logs which placement it chose and why (printed
             with ``verbose >= 1``).
         staleness: learner steps a priority update may lag behind sampling,
             an integer in ``[0, 1024]``; ``0`` (the default) is exact PER.
             ``replay_buffer_kwargs=dict(staleness=...)`` means the same; the
             worker prepares ``replay_buffer_kwargs["prefetch"]`` batches ahead
             (default 1).
-        **kwargs: the arguments of the SB3 algorithm. With a mapping,
-            ``device`` may be left out (or name the mapping's learner device).
+        **kwargs: the arguments of the SB3 algorithm. With a placement,
+            ``device`` may be left out (or name the placement's learner device).
 
     Raises:
-        TypeError: ``mapping`` is neither a :class:`~hetero_replay.mapping.Mapping`, ``"auto"`` nor ``None``.
-        ValueError: the mapping's inference and train devices differ, or
-            ``device`` or ``replay_buffer_kwargs`` contradict the mapping;
+        TypeError: ``placement`` is neither a :class:`~hetero_replay.placement.Placement`, ``"auto"`` nor ``None``.
+        ValueError: the placement's inference and train devices differ, or
+            ``device`` or ``replay_buffer_kwargs`` contradict the placement;
             ``staleness`` out of range or contradicted by ``replay_buffer_kwargs``.
-        hetero_replay.mapping.DeviceUnavailableError: the mapping names a device
-            this machine lacks (also for a mapping built with ``check=False``).
+        hetero_replay.placement.DeviceUnavailableError: the placement names a device
+            this machine lacks (also for a placement built with ``check=False``).
     """
 
-    mapping: Mapping | None
+    placement: Placement | None
     # OffPolicyAlgorithm's, narrowed: _setup_model builds a prioritized buffer, load_replay_buffer keeps one
     replay_buffer: PrioritizedReplayBuffer
 
@@ -114,7 +114,7 @@ class PERMixin(_OffPolicyBase):
         self,
         *args: Any,
         beta_schedule: BetaSchedule | float | None = None,
-        mapping: Mapping | str | None = None,
+        placement: Placement | str | None = None,
         staleness: int = 0,
         **kwargs: Any,
     ) -> None:
@@ -127,13 +127,13 @@ class PERMixin(_OffPolicyBase):
         if constant and not _is_beta(beta_schedule):
             raise ValueError(f"beta_schedule: a constant beta must be in [0, 1], got {beta_schedule}")
         buffer_kwargs = dict(kwargs.get("replay_buffer_kwargs") or {})
-        if "mapping" in buffer_kwargs:  # one mapping per model, kept on the model
-            in_buffer_kwargs = buffer_kwargs.pop("mapping")
-            if mapping is not None and in_buffer_kwargs != mapping:
+        if "placement" in buffer_kwargs:  # one placement per model, kept on the model
+            in_buffer_kwargs = buffer_kwargs.pop("placement")
+            if placement is not None and in_buffer_kwargs != placement:
                 raise ValueError(
-                    f"mapping={mapping!r} and replay_buffer_kwargs['mapping']={in_buffer_kwargs!r} differ; pass one"
+                    f"placement={placement!r} and replay_buffer_kwargs['placement']={in_buffer_kwargs!r} differ; pass one"
                 )
-            mapping = in_buffer_kwargs
+            placement = in_buffer_kwargs
             kwargs["replay_buffer_kwargs"] = buffer_kwargs
         staleness = check_staleness(staleness)
         in_buffer_kwargs = buffer_kwargs.get("staleness")
@@ -147,15 +147,15 @@ class PERMixin(_OffPolicyBase):
         self.staleness = staleness
         self.beta_schedule = beta_schedule
         self.advice: Advice | None = None
-        if isinstance(mapping, str):
-            mapping = self._advised_mapping(mapping, args, kwargs)
-        self.mapping = mapping
-        # The device asked for, to check against the mapping (load() passes its own here).
+        if isinstance(placement, str):
+            placement = self._advised_placement(placement, args, kwargs)
+        self.placement = placement
+        # The device asked for, to check against the placement (load() passes its own here).
         self._device_arg = kwargs.get("device", "auto")
         super().__init__(*args, **kwargs)
 
-    def _advised_mapping(self, mapping: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mapping:
-        """``mapping="auto"``: the advisor's best mapping for this model on this machine (it also sets the threads).
+    def _advised_placement(self, placement: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Placement:
+        """``placement="auto"``: the advisor's best placement for this model on this machine (it also sets the threads).
 
         The advisor profiles fresh copies of the environment and model (the
         profile is cached, so the next model of the same setup is instant),
@@ -164,12 +164,12 @@ class PERMixin(_OffPolicyBase):
         """
         from hetero_replay.advisor import advise
 
-        if mapping != "auto":
-            raise TypeError(f"mapping must be a hetero_replay.mapping.Mapping, 'auto' or None, got str {mapping!r}")
+        if placement != "auto":
+            raise TypeError(f"placement must be a hetero_replay.placement.Placement, 'auto' or None, got str {placement!r}")
         policy = args[0] if args else kwargs.get("policy")
         env = args[1] if len(args) > 1 else kwargs.get("env")
         if env is None:
-            raise ValueError("mapping='auto' profiles the environment, so the model needs one (env=...)")
+            raise ValueError("placement='auto' profiles the environment, so the model needs one (env=...)")
         # What places or logs the model is not part of the workload; the advisor sets the placement.
         settings = {k: v for k, v in kwargs.items() if k not in _NOT_WORKLOAD}
         if settings.get("replay_buffer_kwargs"):
@@ -187,7 +187,7 @@ class PERMixin(_OffPolicyBase):
             **settings,
         )  # fmt: skip
         choice = self.advice.best
-        message = f"{type(self).__name__}(mapping='auto'): " + self.advice.explain()
+        message = f"{type(self).__name__}(placement='auto'): " + self.advice.explain()
         _log.info(message)
         if kwargs.get("verbose", 0) >= 1:
             print(message)
@@ -196,8 +196,8 @@ class PERMixin(_OffPolicyBase):
     def _setup_model(self) -> None:
         # The one place the PER buffer is chosen and built (SB3 builds it in
         # super()._setup_model from replay_buffer_class / replay_buffer_kwargs).
-        if self.mapping is not None:
-            self._apply_mapping()
+        if self.placement is not None:
+            self._apply_placement()
         if self.replay_buffer_class is None:
             dict_obs = isinstance(self.observation_space, spaces.Dict)
             self.replay_buffer_class = DictPrioritizedReplayBuffer if dict_obs else PrioritizedReplayBuffer
@@ -215,18 +215,18 @@ class PERMixin(_OffPolicyBase):
         elif not callable(self.beta_schedule):  # a constant, checked in __init__
             self.beta_schedule = ConstantSchedule(float(self.beta_schedule))
 
-    def _apply_mapping(self) -> None:
-        """Check the mapping and make it the model's: its device and its buffer's placement."""
-        mapping = one_policy_mapping(self.mapping, type(self).__name__)
-        learner = mapping.learner_device
+    def _apply_placement(self) -> None:
+        """Check the placement and make it the model's: its device and its buffer's placement."""
+        placement = one_policy_placement(self.placement, type(self).__name__)
+        learner = placement.learner_device
         if str(self._device_arg) != "auto" and not same_device(get_device(self._device_arg), learner):
             raise ValueError(
-                f"device={str(self._device_arg)!r} contradicts the mapping, whose learner device is {learner!r}; "
-                "leave device out: the mapping sets it"
+                f"device={str(self._device_arg)!r} contradicts the placement, whose learner device is {learner!r}; "
+                "leave device out: the placement sets it"
             )
-        self.mapping = mapping
+        self.placement = placement
         self.device = get_device(learner)
-        self.replay_buffer_kwargs = {**self.replay_buffer_kwargs, "mapping": mapping}
+        self.replay_buffer_kwargs = {**self.replay_buffer_kwargs, "placement": placement}
 
     def _excluded_save_params(self) -> list[str]:
         # The device asked for at construction is not saved: load() passes its own.
@@ -251,7 +251,7 @@ class PERMixin(_OffPolicyBase):
             if device is not None and not same_device(device, self.device):
                 raise ValueError(
                     f"the loaded buffer delivers batches to {str(device)!r}, but {type(self).__name__} "
-                    f"trains on {str(self.device)!r}; load it into a model with the mapping it was saved with"
+                    f"trains on {str(self.device)!r}; load it into a model with the placement it was saved with"
                 )
         except BaseException:
             self.replay_buffer = previous

@@ -1,4 +1,4 @@
-"""The mapping advisor's workload for Stable-Baselines3: time SB3's own steps, train end to end.
+"""The placement advisor's workload for Stable-Baselines3: time SB3's own steps, train end to end.
 
 The advisor (:mod:`hetero_replay.advisor`) never imports SB3; it asks a
 :class:`SB3Workload` to
@@ -12,7 +12,7 @@ The advisor (:mod:`hetero_replay.advisor`) never imports SB3; it asks a
   (:meth:`SB3Workload.time_replay`) where that loop calls them: the adapter
   buffer's ``add``, ``sample`` and ``update_priorities``; and a phase with the
   pipeline's worker thread;
-* train for real with a candidate mapping (:meth:`SB3Workload.run`), to check
+* train for real with a candidate placement (:meth:`SB3Workload.run`), to check
   the advisor's predictions.
 
 Everything timed is the real code path (``PERDQN``, ``PERDDPG``, ``PERTD3``,
@@ -68,8 +68,8 @@ from hetero_replay.adapters.sb3.td3 import PERDDPG, PERTD3
 from hetero_replay.advisor.profile import HOST_REPETITION_S as LONG
 from hetero_replay.advisor.profile import Clock, Timer, Timing
 from hetero_replay.advisor.workload import Candidate, ReplayConfig, WorkloadSpec
-from hetero_replay.mapping import Mapping
 from hetero_replay.pipeline import AUTO_WINDOW, RelaxedReplay
+from hetero_replay.placement import Placement
 from hetero_replay.replay import PrioritizedReplay
 from hetero_replay.trees.base import DeviceTree
 
@@ -85,7 +85,7 @@ RESERVED = (
     "device",
     "verbose",
     "tensorboard_log",
-    "mapping",
+    "placement",
     "staleness",
     "_init_setup_model",
 )
@@ -168,7 +168,7 @@ class SB3Workload:
         if reserved:
             raise ValueError(
                 f"algo_kwargs may not set {reserved}: the workload sets them for each measurement "
-                "(the device and placement come from the replay configuration's mapping)"
+                "(the replay configuration's placement sets the device)"
             )
         for name in ("batch_size", "buffer_size"):
             if name in kwargs:
@@ -185,7 +185,7 @@ class SB3Workload:
         _check_action_space(algo, env)
         self._transitions: list[_Step] | None = None
         with _preserved_state(None):
-            model = self.build(Mapping())  # the CPU mapping: present everywhere
+            model = self.build(Placement())  # the CPU placement: present everywhere
             try:
                 self.spec = self._spec_of(model, algo)
             finally:
@@ -215,7 +215,7 @@ class SB3Workload:
 
         Raises:
             ValueError: ``reference`` trains on another device than ``learner``.
-            hetero_replay.mapping.DeviceUnavailableError: a device of ``reference`` is missing here.
+            hetero_replay.placement.DeviceUnavailableError: a device of ``reference`` is missing here.
         """
         if reference.learner != learner:
             raise ValueError(
@@ -225,8 +225,8 @@ class SB3Workload:
         times: dict[str, Timing] = {}
         with _preserved_state(reference.threads):
             times["env_step"] = self._time_env_step(timer)
-            strict = self.build(reference.mapping(check=True))
-            relaxed = self.build(reference.mapping(check=True))
+            strict = self.build(reference.placement(check=True))
+            relaxed = self.build(reference.placement(check=True))
             try:
                 strict_phase = self._training_loop(strict)
                 relaxed_phase = self._training_loop(relaxed)
@@ -269,12 +269,12 @@ class SB3Workload:
             ``worker="auto"`` weighs against the interval between samples).
 
         Raises:
-            hetero_replay.mapping.DeviceUnavailableError: a device of ``config`` is missing here.
+            hetero_replay.placement.DeviceUnavailableError: a device of ``config`` is missing here.
             ValueError, TypeError: the buffer refuses the configuration.
         """
         sync = _sync_for(config)
         with _preserved_state(config.threads):
-            model = self.build(config.mapping(check=True))
+            model = self.build(config.placement(check=True))
             try:
                 one_phase = self._training_loop(model)
                 clock = Clock(sync)
@@ -295,7 +295,7 @@ class SB3Workload:
     def run(self, candidate: Candidate, env_steps: int) -> float:
         """Train with ``candidate`` in the real adapter; env steps per second over ``env_steps`` timed steps.
 
-        The model is ``PER<algo>(..., mapping=candidate.mapping.checked(),
+        The model is ``PER<algo>(..., placement=candidate.placement.checked(),
         staleness=candidate.staleness)`` with the candidate's replay threads.
         Before the clock starts: the buffer is filled to its capacity, DQN
         explores at its final rate, ``learning_starts`` is behind (the full
@@ -310,12 +310,12 @@ class SB3Workload:
 
         Raises:
             TypeError, ValueError: ``env_steps`` is not a positive integer.
-            hetero_replay.mapping.DeviceUnavailableError: a device of the candidate is missing here.
+            hetero_replay.placement.DeviceUnavailableError: a device of the candidate is missing here.
         """
         _check_int("env_steps", env_steps, minimum=1)
-        mapping = candidate.mapping.checked()
+        placement = candidate.placement.checked()
         with _preserved_state(candidate.threads):
-            model = self.build(mapping, staleness=candidate.staleness)
+            model = self.build(placement, staleness=candidate.staleness)
             try:
                 self.fill(model.replay_buffer)
                 _steady_state(model)
@@ -333,8 +333,8 @@ class SB3Workload:
 
     # -- the pieces ---------------------------------------------------------------------------
 
-    def build(self, mapping: Mapping, staleness: int = 0) -> PERMixin:
-        """A fresh model of this workload on fresh environments, placed by ``mapping``.
+    def build(self, placement: Placement, staleness: int = 0) -> PERMixin:
+        """A fresh model of this workload on fresh environments, placed by ``placement``.
 
         Seeded with :data:`SEED`, ``verbose=0`` and a logger with no outputs
         (nothing printed, no log folder). Its buffer is empty: :meth:`fill` it.
@@ -344,7 +344,7 @@ class SB3Workload:
         kwargs = copy.deepcopy(self._kwargs)  # SB3 edits policy_kwargs in place
         try:
             model = self._algorithm(
-                self._policy, venv, mapping=mapping, staleness=staleness, seed=SEED, verbose=0, **kwargs
+                self._policy, venv, placement=placement, staleness=staleness, seed=SEED, verbose=0, **kwargs
             )
         except BaseException:
             venv.close()
@@ -512,7 +512,7 @@ def make_workload(
     """The SB3 workload of ``algo`` on ``env``: SB3's defaults for every argument not given.
 
     ``hetero_replay.advisor.advise(lib="sb3", ...)`` calls it; so does a PER
-    algorithm built with ``mapping="auto"``, with its own class and arguments.
+    algorithm built with ``placement="auto"``, with its own class and arguments.
 
     Args:
         algo: ``"dqn"``, ``"ddpg"``, ``"td3"`` or ``"sac"`` (trained by

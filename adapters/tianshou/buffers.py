@@ -51,17 +51,17 @@ learner died, even by ``kill -9`` (:mod:`~hetero_replay.adapters.tianshou.durabl
 docs/storage-tianshou.md). Each point writes the whole buffer: meant for
 buffers that fit in RAM.
 
-Placement: ``mapping=`` (a :class:`hetero_replay.mapping.Mapping`) puts the tree
-where the mapping's ``sample``/``update`` primitives run, with its backend
-(``Mapping(tree="torch")``: the torch tree on the CPU; ``sample`` and
+Placement: ``placement=`` (a :class:`hetero_replay.placement.Placement`) puts the tree
+where the placement's ``sample``/``update`` primitives run, with its backend
+(``Placement(tree="torch")``: the torch tree on the CPU; ``sample`` and
 ``update`` on ``"cuda"``: the tree on the GPU). Only the priorities move: Tianshou keeps
-transitions in its own NumPy ``Batch``, so the mapping's ``storage`` must be
+transitions in its own NumPy ``Batch``, so the placement's ``storage`` must be
 ``"host"``, and sampled indices and IS weights come back to the host, where
 Tianshou indexes its storage. TD errors reach a device tree as the tensor the
 algorithm left (no host round trip); checking that their indices hold stored
 transitions reads those indices' priorities back (Tianshou's stored slots are
-not a prefix of the tree). Put the learner on the mapping's device with
-:class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper`'s ``mapping=``.
+not a prefix of the tree). Put the learner on the placement's device with
+:class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper`'s ``placement=``.
 
 Example:
     >>> buf = HeteroPrioritizedVectorReplayBuffer(20_000, buffer_num=4, alpha=0.6, beta=0.4,
@@ -101,8 +101,8 @@ from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer,
 from hetero_replay.adapters.tianshou.staging import Staged, commit, stage
 from hetero_replay.checkpoint import ReplayFileError, remove_stale_temporaries
 from hetero_replay.forksafe import OUTER, ForkSafeLock, holding
-from hetero_replay.mapping import HOST, Mapping
 from hetero_replay.options import check_batch_size
+from hetero_replay.placement import HOST, Placement
 from hetero_replay.priorities import Normalise
 
 #: The keys ``ReplayBuffer.__getitem__`` always returns (filled with empty Batches if not stored).
@@ -268,7 +268,7 @@ class _TreePriorities:
     """
 
     priorities: Priorities
-    mapping: Mapping | None
+    placement: Placement | None
     _weight_norm: bool
     _rng: np.random.Generator
     _lock: ForkSafeLock
@@ -283,15 +283,15 @@ class _TreePriorities:
         options: PEROptions,
         weight_norm: bool,
         random_seed: int | None,
-        mapping: Mapping | None,
+        placement: Placement | None,
     ) -> None:
-        """Build the priorities from arguments :func:`_check_arguments` accepted, where ``mapping`` puts the tree."""
+        """Build the priorities from arguments :func:`_check_arguments` accepted, where ``placement`` puts the tree."""
         tree_device = None
-        if mapping is not None:
-            mapping = _checked_mapping(mapping, options.tree)
-            placement = mapping.replay_kwargs()
-            options, tree_device = options.replace(tree=placement["tree"]), placement["tree_device"]
-        self.mapping = mapping
+        if placement is not None:
+            placement = _checked_placement(placement, options.tree)
+            replay_kwargs = placement.replay_kwargs()
+            options, tree_device = options.replace(tree=replay_kwargs["tree"]), replay_kwargs["tree_device"]
+        self.placement = placement
         self.priorities = Priorities(capacity, options, tree_device)
         self._weight_norm = bool(weight_norm)
         self._rng = np.random.default_rng(random_seed)
@@ -387,8 +387,8 @@ class _TreePriorities:
 
         Args:
             path: a file written through ``durable_path=`` by this class.
-            **overrides: ``backend`` or ``mapping`` (where the tree lives now; a
-                mapping is not recorded, so a buffer placed by one is reopened on
+            **overrides: ``backend`` or ``placement`` (where the tree lives now; a
+                placement is not recorded, so a buffer placed by one is reopened on
                 the default tree unless it is given again), ``flush_every``,
                 ``flush_seconds``: as in the constructor.
 
@@ -412,10 +412,10 @@ class _TreePriorities:
         options = image.options
         if "backend" in overrides:
             options = options.replace(tree=overrides["backend"])
-        elif overrides.get("mapping") is not None:
-            options = options.replace(tree="auto")  # the mapping chooses the backend
+        elif overrides.get("placement") is not None:
+            options = options.replace(tree="auto")  # the placement chooses the backend
         try:
-            buffer = cls._rebuild(image, options, overrides.get("mapping"))
+            buffer = cls._rebuild(image, options, overrides.get("placement"))
         except MemoryError as e:
             raise ReplayFileError(f"{path}: a buffer of {image.maxsize} transitions does not fit here ({e})") from e
         try:
@@ -432,7 +432,7 @@ class _TreePriorities:
         return buffer
 
     @classmethod
-    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, mapping: Mapping | None) -> Self:
+    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, placement: Placement | None) -> Self:
         """A new, empty buffer with ``image``'s size and options, ``restore`` fills it."""
         raise NotImplementedError
 
@@ -814,9 +814,9 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
             used by its Rainbow example): the batch's largest weight is always 1.
         random_seed: seeds the ``numpy.random.Generator`` that draws samples (and
             Tianshou's own ``RandomState``); the same seed and calls give the same samples.
-        mapping: a :class:`hetero_replay.mapping.Mapping` placing the tree (its
+        placement: a :class:`hetero_replay.placement.Placement` placing the tree (its
             backend and device; see the module docstring); ``backend`` must then
-            stay ``"auto"`` and the mapping's ``storage`` be ``"host"``.
+            stay ``"auto"`` and the placement's ``storage`` be ``"host"``.
         durable_path: a file for durable points (see *Crash recovery* below);
             ``None`` (the default): none are written. It must not exist yet: a
             buffer never replaces a run's file (continue that run with
@@ -833,15 +833,15 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
             :class:`~hetero_replay.PEROptions` says; ``weight_norm`` a bool,
             ``size``, ``random_seed`` and ``flush_every`` integers,
             ``flush_seconds`` a real number, ``durable_path`` a ``str`` or
-            ``os.PathLike``), an unknown keyword argument, or a ``mapping``
-            that is not a :class:`~hetero_replay.mapping.Mapping`.
+            ``os.PathLike``), an unknown keyword argument, or a ``placement``
+            that is not a :class:`~hetero_replay.placement.Placement`.
         ValueError: a value out of range (``size`` < 1, the PER options as
             :class:`~hetero_replay.PEROptions` says, ``eps`` = 0,
             ``flush_every`` < 1, ``flush_seconds`` not finite and > 0, ...), a
             ``durable_path`` that exists or lies in no existing folder, or a
-            mapping that contradicts ``backend`` or stores transitions off the host.
+            placement that contradicts ``backend`` or stores transitions off the host.
         OSError: the first durable point cannot be written to ``durable_path``.
-        hetero_replay.mapping.DeviceUnavailableError: the mapping names a
+        hetero_replay.placement.DeviceUnavailableError: the placement names a
             device this machine lacks.
 
     Crash recovery: with ``durable_path``, every ``add`` (and ``update``) checks
@@ -897,7 +897,7 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
         options: PEROptions | None = None,
         weight_norm: bool = False,
         random_seed: int | None = 42,
-        mapping: Mapping | None = None,
+        placement: Placement | None = None,
         durable_path: str | os.PathLike[str] | None = None,
         flush_every: int = 10_000,
         flush_seconds: float = 60.0,
@@ -910,18 +910,18 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
         # Not PrioritizedReplayBuffer.__init__: it builds (and JIT-compiles) a numba
         # SegmentTree that the priorities below replace.
         ReplayBuffer.__init__(self, size, random_seed=_legacy_seed(random_seed), **kwargs)
-        self._init_priorities(size, options, weight_norm, random_seed, mapping)
+        self._init_priorities(size, options, weight_norm, random_seed, placement)
         self._start_durable(schedule)
 
     @classmethod
-    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, mapping: Mapping | None) -> Self:
+    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, placement: Placement | None) -> Self:
         # random_seed=None: the file's generator states replace the fresh ones
         return cls(
             image.maxsize,
             options=options,
             weight_norm=image.weight_norm,
             random_seed=None,
-            mapping=mapping,
+            placement=placement,
             **image.storage_options,
         )
 
@@ -1011,7 +1011,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
     Args:
         total_size: transitions kept over all sub-buffers.
         buffer_num: number of sub-buffers; at least the number of environments.
-        alpha, beta, eps, backend, fanout, stratified, options, weight_norm, random_seed, mapping:
+        alpha, beta, eps, backend, fanout, stratified, options, weight_norm, random_seed, placement:
             as in :class:`HeteroPrioritizedReplayBuffer`.
         durable_path, flush_every, flush_seconds: durable points, as in
             :class:`HeteroPrioritizedReplayBuffer` (*Crash recovery*); a
@@ -1049,7 +1049,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         options: PEROptions | None = None,
         weight_norm: bool = False,
         random_seed: int | None = 42,
-        mapping: Mapping | None = None,
+        placement: Placement | None = None,
         durable_path: str | os.PathLike[str] | None = None,
         flush_every: int = 10_000,
         flush_seconds: float = 60.0,
@@ -1072,11 +1072,11 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         ReplayBufferManager.__init__(self, children)  # type: ignore[arg-type]
         self._book = book
         self._random_state = np.random.RandomState(_legacy_seed(random_seed))
-        self._init_priorities(self.maxsize, options, weight_norm, random_seed, mapping)
+        self._init_priorities(self.maxsize, options, weight_norm, random_seed, placement)
         self._start_durable(schedule)
 
     @classmethod
-    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, mapping: Mapping | None) -> Self:
+    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, placement: Placement | None) -> Self:
         # maxsize is a multiple of buffer_num, so the sub-buffers get the file's size;
         # random_seed=None: the file's generator states replace the fresh ones
         return cls(
@@ -1085,7 +1085,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
             options=options,
             weight_norm=image.weight_norm,
             random_seed=None,
-            mapping=mapping,
+            placement=placement,
             **image.storage_options,
         )
 
@@ -1161,21 +1161,21 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
             child._book = self._book
 
 
-def _checked_mapping(mapping: Any, backend: str) -> Mapping:
-    """``mapping``, checked against this machine and against what a Tianshou buffer can honour."""
-    if not isinstance(mapping, Mapping):
-        raise TypeError(f"mapping must be a hetero_replay.mapping.Mapping, got {type(mapping).__name__}")
+def _checked_placement(placement: Any, backend: str) -> Placement:
+    """``placement``, checked against this machine and against what a Tianshou buffer can honour."""
+    if not isinstance(placement, Placement):
+        raise TypeError(f"placement must be a hetero_replay.placement.Placement, got {type(placement).__name__}")
     if backend != "auto":
         raise ValueError(
-            f"backend={backend!r} and the mapping both choose the tree backend; "
-            f"set it in the mapping instead (Mapping(tree={backend!r}, ...))"
+            f"backend={backend!r} and the placement both choose the tree backend; "
+            f"set it in the placement instead (Placement(tree={backend!r}, ...))"
         )
-    if mapping.storage != HOST:
+    if placement.storage != HOST:
         raise ValueError(
-            f"Tianshou keeps transitions in its own NumPy Batch on the host, so the mapping's storage must be "
-            f"'host', got {mapping.storage!r}; only the priorities (the tree) can move"
+            f"Tianshou keeps transitions in its own NumPy Batch on the host, so the placement's storage must be "
+            f"'host', got {placement.storage!r}; only the priorities (the tree) can move"
         )
-    return mapping.checked()
+    return placement.checked()
 
 
 def _legacy_seed(seed: int | None) -> int:

@@ -1,4 +1,4 @@
-"""The mapping advisor's Tianshou workload: standard setups, timed host steps and replay primitives, real runs.
+"""The placement advisor's Tianshou workload: standard setups, timed host steps and replay primitives, real runs.
 
 :func:`make_workload` builds a :class:`TianshouWorkload`, the
 :class:`~hetero_replay.advisor.workload.Workload` of one Tianshou 2.x training
@@ -86,7 +86,7 @@ from hetero_replay.adapters.tianshou.weighted_updates import check_supported
 from hetero_replay.adapters.tianshou.wrapper import PEROffPolicyWrapper
 from hetero_replay.advisor.profile import HOST_REPETITION_S, Clock, Timer, Timing
 from hetero_replay.advisor.workload import ALGOS, Candidate, ReplayConfig, WorkloadSpec
-from hetero_replay.mapping import Mapping
+from hetero_replay.placement import Placement
 
 #: Priority exponent and the IS-weight exponent's linear schedule of the PER setups.
 ALPHA, BETA_START, BETA_END = 0.6, 0.4, 1.0
@@ -308,19 +308,19 @@ class TianshouWorkload:
         Raises:
             ValueError: ``reference`` trains on another device than ``learner``, or
                 its storage is not ``"host"`` (Tianshou keeps transitions in NumPy).
-            hetero_replay.mapping.DeviceUnavailableError: this machine lacks a device it names.
+            hetero_replay.placement.DeviceUnavailableError: this machine lacks a device it names.
         """
         if reference.learner != learner:
             raise ValueError(f"reference trains on {reference.learner!r}, not on learner={learner!r}")
-        mapping = reference.mapping().checked()
-        sync = _sync_for(mapping)
+        placement = reference.placement().checked()
+        sync = _sync_for(placement)
         with _global_state(reference.threads), contextlib.ExitStack() as closing:
-            strict = closing.enter_context(self._setup(mapping, staleness=0))
+            strict = closing.enter_context(self._setup(placement, staleness=0))
             times = {
                 "env_step": self._time_env_step(timer),
                 "inference": _time_inference(strict, self._source_data(), timer, sync),
             }
-            relaxed = closing.enter_context(self._setup(mapping, staleness=1))
+            relaxed = closing.enter_context(self._setup(placement, staleness=1))
             measured = self._time_training({"strict": strict, "relaxed": relaxed}, timer, sync)
         times.update({step: measured["strict"][step] for step in ("collect", "learn", "phase")})
         times["phase_inline"] = measured["relaxed"]["phase"]
@@ -338,11 +338,11 @@ class TianshouWorkload:
 
         Raises:
             ValueError: the storage is not ``"host"``, or the tree backend refuses the configuration.
-            hetero_replay.mapping.DeviceUnavailableError: this machine lacks a device it names.
+            hetero_replay.placement.DeviceUnavailableError: this machine lacks a device it names.
         """
-        mapping = config.mapping().checked()
-        sync = _sync_for(mapping)
-        with _global_state(config.threads), self._setup(mapping, staleness=0) as setup:
+        placement = config.placement().checked()
+        sync = _sync_for(placement)
+        with _global_state(config.threads), self._setup(placement, staleness=0) as setup:
             measured = self._time_training({"strict": setup}, timer, sync)["strict"]
         times: dict[str, Timing | None] = {primitive: measured[primitive] for primitive in _PRIMITIVES}
         times["phase_relaxed"] = None
@@ -359,14 +359,14 @@ class TianshouWorkload:
 
         Raises:
             TypeError, ValueError: ``env_steps`` is not a positive integer.
-            hetero_replay.mapping.DeviceUnavailableError: this machine lacks a device the candidate names.
+            hetero_replay.placement.DeviceUnavailableError: this machine lacks a device the candidate names.
         """
         _positive_int(env_steps, "env_steps")
-        mapping = candidate.mapping.checked()
+        placement = candidate.placement.checked()
         per_step = self.spec.collect_steps * self.spec.n_envs
         timed = max(1, round(env_steps / per_step)) * per_step
         warmup = max(2, math.ceil(timed / per_step / 4)) * per_step
-        with _global_state(candidate.threads), self._setup(mapping, candidate.staleness) as setup:
+        with _global_state(candidate.threads), self._setup(placement, candidate.staleness) as setup:
             trainer, collector = setup.trainer, setup.collector
             trainer.params.epoch_num_steps = warmup
             trainer.reset()  # resets the envs and the collector's counts, not the buffer
@@ -375,7 +375,7 @@ class TianshouWorkload:
             done_before = collector.collect_step
             start = time.perf_counter()
             trainer.execute_epoch()
-            _sync_for(mapping)()
+            _sync_for(placement)()
             seconds = time.perf_counter() - start
             return (collector.collect_step - done_before) / seconds
 
@@ -399,25 +399,25 @@ class TianshouWorkload:
                 self._source = _Source.collect(self._algorithm(), self._envs(), SOURCE_ROWS)
         return self._source
 
-    def _filled_buffer(self, mapping: Mapping) -> HeteroPrioritizedVectorReplayBuffer:
+    def _filled_buffer(self, placement: Placement) -> HeteroPrioritizedVectorReplayBuffer:
         buffer = HeteroPrioritizedVectorReplayBuffer(
-            self.spec.buffer_size, self.spec.n_envs, alpha=ALPHA, beta=BETA_START, random_seed=SEED, mapping=mapping
+            self.spec.buffer_size, self.spec.n_envs, alpha=ALPHA, beta=BETA_START, random_seed=SEED, placement=placement
         )
         self._source_data().fill(buffer, np.random.default_rng(SEED))
         return buffer
 
-    def _setup(self, mapping: Mapping, staleness: int) -> _Setup:
+    def _setup(self, placement: Placement, staleness: int) -> _Setup:
         """Wrapper, full buffer, collector and trainer in steady state."""
         algorithm = PEROffPolicyWrapper(
             wrapped_algorithm=self._algorithm(),
             beta=LinearBetaSchedule(BETA_START, BETA_END, 100_000),
-            mapping=mapping,
+            placement=placement,
             staleness=staleness,
         )
         eps_final = self.hyperparams.extra.get("eps_final", 0.05)
         if hasattr(algorithm.policy, "set_eps_training"):  # DQN: exploration at its final rate
             algorithm.policy.set_eps_training(eps_final)
-        buffer = self._filled_buffer(mapping)
+        buffer = self._filled_buffer(placement)
         collector = Collector[CollectStats](algorithm, self._envs(), buffer, exploration_noise=True)
         collector.reset(reset_buffer=False)
         per_step = self.spec.collect_steps * self.spec.n_envs
@@ -637,9 +637,9 @@ def _positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
-def _sync_for(mapping: Mapping) -> Callable[[], Any]:
-    """Waits for a GPU's queued work where the mapping puts the learner or the tree on one (else does nothing)."""
-    if any(str(device).startswith("cuda") for device in (mapping.train, mapping.sample)):
+def _sync_for(placement: Placement) -> Callable[[], Any]:
+    """Waits for a GPU's queued work where the placement puts the learner or the tree on one (else does nothing)."""
+    if any(str(device).startswith("cuda") for device in (placement.train, placement.sample)):
         return torch.cuda.synchronize
     return _nothing
 

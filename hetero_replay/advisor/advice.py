@@ -1,4 +1,4 @@
-"""``advise()``: profile (or load a profile), rank every mapping, and say which one to use and why."""
+"""``advise()``: profile (or load a profile), rank every placement, and say which one to use and why."""
 
 from __future__ import annotations
 
@@ -14,43 +14,43 @@ from hetero_replay.advisor import profile as profiling
 from hetero_replay.advisor.explore import Row
 from hetero_replay.advisor.profile import Profile
 from hetero_replay.advisor.workload import Workload, make_workload
-from hetero_replay.mapping import Mapping as DeviceMapping
 from hetero_replay.pipeline import check_staleness
+from hetero_replay.placement import Placement
 
 log = logging.getLogger("hetero_replay.advisor")
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """What to run: a :class:`~hetero_replay.mapping.Mapping`, a staleness and the replay threads.
+    """What to run: a :class:`~hetero_replay.placement.Placement`, a staleness and the replay threads.
 
-    Use it as ``PERDQN(..., mapping=choice.mapping, staleness=choice.staleness)``
+    Use it as ``PERDQN(..., placement=choice.placement, staleness=choice.staleness)``
     after ``hetero_replay.set_num_threads(choice.threads)`` (or :meth:`apply`).
     """
 
-    mapping: DeviceMapping
+    placement: Placement
     staleness: int
     threads: int
     predicted: float  # env steps per second
     label: str
 
-    def apply(self) -> DeviceMapping:
-        """Set the replay threads and return the mapping, checked against this machine."""
+    def apply(self) -> Placement:
+        """Set the replay threads and return the placement, checked against this machine."""
         from hetero_replay import _native
 
-        mapping = self.mapping.checked()
+        placement = self.placement.checked()
         _native.set_num_threads(self.threads)
-        return mapping
+        return placement
 
 
 @dataclasses.dataclass(frozen=True)
-class AutoMapping:
-    """``mapping=AutoMapping(...)``: let the advisor choose, for a host library that cannot see the whole setup.
+class AutoPlacement:
+    """``placement=AutoPlacement(...)``: let the advisor choose, for a host library that cannot see the whole setup.
 
     Tianshou's algorithm knows neither the environment nor the buffer, so
-    ``PEROffPolicyWrapper(..., mapping=AutoMapping(env="CartPole-v1",
+    ``PEROffPolicyWrapper(..., placement=AutoPlacement(env="CartPole-v1",
     batch_size=64, buffer_size=20_000, n_envs=4))`` says what to profile. SB3's
-    models know everything: ``PERDQN(..., mapping="auto")``.
+    models know everything: ``PERDQN(..., placement="auto")``.
 
     Attributes:
         env: the gymnasium environment id.
@@ -72,7 +72,7 @@ class AutoMapping:
 
 
 class Advice:
-    """The ranking of every mapping for one workload, and the choice.
+    """The ranking of every placement for one workload, and the choice.
 
     Attributes:
         profile: the measurements the predictions come from.
@@ -90,7 +90,7 @@ class Advice:
         """The top-ranked candidate as a :class:`Choice`."""
         row = self.rows[0]
         return Choice(
-            row.candidate.mapping, row.candidate.staleness, row.candidate.threads, row.predicted, row.candidate.label
+            row.candidate.placement, row.candidate.staleness, row.candidate.threads, row.predicted, row.candidate.label
         )
 
     def row(self, tag: str) -> Row | None:
@@ -139,7 +139,7 @@ class Advice:
         why = f"the largest part of an env step is {share[0]} ({share[1] / total:.0%})" if total > 0 else ""
         measured = "measured" if not best.predicted_only else "predicted only (an analytical device model)"
         return (
-            "; ".join(parts) + f". Of {len(self.rows)} mappings ranked from a profile taken in "
+            "; ".join(parts) + f". Of {len(self.rows)} placements ranked from a profile taken in "
             f"{self.profile.seconds:.1f} s ({measured}); {why}."
         )
 
@@ -154,7 +154,7 @@ class Advice:
         return report.to_json(self.rows, self.title, self.summary(), self.profile.to_dict())
 
     def plot(self, path: str | os.PathLike[str]) -> pathlib.Path:
-        """A PNG: predicted (and measured) env steps/s per mapping, and each one's time per primitive."""
+        """A PNG: predicted (and measured) env steps/s per placement, and each one's time per primitive."""
         from hetero_replay.advisor import report
 
         return report.plot(self.rows, self.title, pathlib.Path(path), self.summary())
@@ -188,7 +188,7 @@ def advise(
     progress: bool | Callable[[str], None] = False,
     **workload_kwargs: Any,
 ) -> Advice:
-    """Profile a workload (or load a profile), predict every mapping, rank them.
+    """Profile a workload (or load a profile), predict every placement, rank them.
 
     Either give a ready ``workload``, or ``lib`` and its arguments
     (``advise(lib="sb3", algo="dqn", env="CartPole-v1", batch_size=256,
@@ -285,4 +285,4 @@ def progress_bar(total: int, desc: str) -> Callable[[str], None]:
     return step
 
 
-__all__ = ["Advice", "AutoMapping", "Choice", "advise", "progress_bar"]
+__all__ = ["Advice", "AutoPlacement", "Choice", "advise", "progress_bar"]

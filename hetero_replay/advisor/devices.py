@@ -36,7 +36,7 @@ import numpy as np
 
 from hetero_replay.advisor.profile import MODELLED, Profile, ReplayEntry, Timing, measure
 from hetero_replay.advisor.workload import ReplayConfig
-from hetero_replay.mapping import HOST
+from hetero_replay.placement import HOST
 
 #: The measured entry a modelled one is built on: the C++ tree, one thread, host storage.
 BASE_TREE = "native"

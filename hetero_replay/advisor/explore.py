@@ -1,12 +1,12 @@
-"""Design-space exploration: every valid mapping from the registry, ranked by the model.
+"""Design-space exploration: every valid placement from the registry, ranked by the model.
 
 :func:`replay_configs` enumerates what this machine can run: every usable tree
 backend on every present device it runs on, every usable storage, every
 learner device, and for threaded backends and storages each thread count up
 to the cores. :func:`candidates` adds the staleness values; :func:`rank`
 predicts each and sorts them, fastest first, tagging the best, the default
-(what a user gets without a mapping) and the baseline (the slowest sensible
-mapping: the NumPy tree, one thread, host storage, a CPU learner, strict PER).
+(what a user gets without a placement) and the baseline (the slowest sensible
+placement: the NumPy tree, one thread, host storage, a CPU learner, strict PER).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hetero_replay import _native, registry
 from hetero_replay.advisor.model import Prediction, predict
 from hetero_replay.advisor.profile import MODELLED, Profile
 from hetero_replay.advisor.workload import Candidate, ReplayConfig
-from hetero_replay.mapping import HOST, PINNED, DeviceUnavailableError, Mapping
+from hetero_replay.placement import HOST, PINNED, DeviceUnavailableError, Placement
 
 #: The baseline's tree backend: the NumPy reference, the slowest sensible choice.
 BASELINE_TREE = "numpy"
@@ -33,7 +33,7 @@ class Row:
     """One ranked candidate: the prediction and, after validation, the measurement.
 
     Attributes:
-        candidate: the mapping and staleness.
+        candidate: the placement and staleness.
         predicted: predicted env steps per second.
         learner_steps: predicted gradient steps per second.
         breakdown: predicted seconds per env step by part (:data:`~hetero_replay.advisor.model.PARTS`).
@@ -86,9 +86,9 @@ def _cores() -> int:
 
 
 def default_config(learner: str | None = None) -> ReplayConfig:
-    """What a user gets without a mapping: the "auto" tree on the CPU, host storage, the default threads."""
+    """What a user gets without a placement: the "auto" tree on the CPU, host storage, the default threads."""
     learner = learner or learner_devices()[-1]  # SB3's device="auto": a GPU when there is one
-    tree = Mapping(check=False).tree_backend
+    tree = Placement(check=False).tree_backend
     return ReplayConfig(tree, _native.num_threads() if _threaded(tree, HOST) else 1, HOST, "cpu", learner)
 
 
@@ -162,7 +162,7 @@ def _threaded(tree: str, storage: str) -> bool:
 
 def _valid(config: ReplayConfig) -> bool:
     try:
-        config.mapping(check=True)
+        config.placement(check=True)
     except (ValueError, DeviceUnavailableError, ImportError):
         return False
     return True
@@ -178,7 +178,7 @@ def rank(profile: Profile, staleness: Iterable[int] = (0, 1)) -> list[Row]:
 
     Near-ties (within :data:`TIE` of the fastest) go to the smaller
     staleness, then fewer threads: the same speed with fresher priorities and
-    fewer cores busy. The best is a mapping this machine runs: a device that
+    fewer cores busy. The best is a placement this machine runs: a device that
     is only modelled (:attr:`Row.predicted_only`) is ranked by its prediction
     but never tagged best, so ``advice.best`` can always be applied.
     """

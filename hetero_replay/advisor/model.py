@@ -1,4 +1,4 @@
-r"""The performance model: a mapping's env steps/s and learner steps/s from a profile.
+r"""The performance model: a placement's env steps/s and learner steps/s from a profile.
 
 Notation, per workload (:class:`~hetero_replay.advisor.workload.WorkloadSpec`):
 ``n`` envs stepped together, ``f`` collect steps per training phase (SB3's

@@ -1,6 +1,6 @@
 """Show the advisor's ranking: a terminal table, a JSON file, and PNG figures.
 
-The ranking is a list of rows, best first, one per candidate mapping (see
+The ranking is a list of rows, best first, one per candidate placement (see
 :class:`RankedRow`). This module only renders what it is given: the order of
 the rows is their rank, and it never re-ranks them.
 
@@ -49,7 +49,7 @@ TAGS = ("best", "baseline", "default")
 WIDTH = 120
 #: The narrowest the table's label column gets while abbreviations still make labels fit.
 MIN_LABEL = 50
-#: Relative distance from the best prediction within which mappings count as "as good" (summary).
+#: Relative distance from the best prediction within which placements count as "as good" (summary).
 NEAR_BEST = 0.05
 #: Half-width of the band around y = x in :func:`plot_validation`, and the MAPE target.
 TARGET = 0.15
@@ -63,10 +63,10 @@ _ABBREVIATION_LEGEND = "labels shortened: T: tree device, L: learner, k=: stalen
 
 
 class RankedRow(Protocol):
-    """One ranked mapping, as the advisor's model produces it (any object with these attributes).
+    """One ranked placement, as the advisor's model produces it (any object with these attributes).
 
     Attributes:
-        candidate: the mapping (its ``label`` names the row).
+        candidate: the placement (its ``label`` names the row).
         predicted: predicted env steps per second.
         learner_steps: predicted gradient steps per second.
         breakdown: seconds per environment step spent in each part (keys among
@@ -95,7 +95,7 @@ class RankedRow(Protocol):
     def tags(self) -> Iterable[str]: ...
 
 
-#: A validation point: ``(configuration title, mapping label, predicted, measured)`` env steps/s.
+#: A validation point: ``(configuration title, placement label, predicted, measured)`` env steps/s.
 Point = tuple[str, str, float, float]
 
 
@@ -145,7 +145,7 @@ def error(row: RankedRow) -> float | None:
 def _check_rows(rows: Sequence[RankedRow]) -> list[RankedRow]:
     rows = list(rows)
     if not rows:
-        raise ValueError("rows must not be empty: there is no mapping to report")
+        raise ValueError("rows must not be empty: there is no placement to report")
     baselines = [r.candidate.label for r in rows if "baseline" in r.tags]
     if len(baselines) > 1:
         raise ValueError(f"rows: at most one row may be tagged 'baseline', got {len(baselines)}: {baselines}")
@@ -169,7 +169,7 @@ def summarize(rows: Sequence[RankedRow], near_best: float = NEAR_BEST) -> dict[s
         ``best``, ``baseline``, ``default``: labels (``best`` is the row tagged
         so, else the highest prediction; the others ``None`` if no row is
         tagged); ``speedup_vs_baseline`` and ``speedup_vs_default``: the best
-        prediction over theirs; ``within_5%_of_best``: the other mappings
+        prediction over theirs; ``within_5%_of_best``: the other placements
         predicted within ``near_best`` of the best; ``validated``: rows with a
         measurement; ``mape``: their mean absolute percentage error (a fraction).
     """
@@ -255,7 +255,7 @@ def format_table(
 ) -> str:
     """The ranking as an aligned text table, then the summary lines.
 
-    Columns: rank (the rows' order), mapping label (shortened to fit
+    Columns: rank (the rows' order), placement label (shortened to fit
     ``width``), predicted env steps/s, predicted learner (gradient) steps/s,
     speed-up over the row tagged ``"baseline"``, and, when any row was
     validated, the measured env steps/s and the prediction's signed error;
@@ -275,7 +275,7 @@ def format_table(
     summary = summarize(rows) if summary is None else summary
     ups = speedups(rows)
     validated = any(r.measured is not None for r in rows)
-    header = ["#", "mapping", "env steps/s", "learner/s", "speed-up"]
+    header = ["#", "placement", "env steps/s", "learner/s", "speed-up"]
     right = [True, False, True, True, True]  # numbers align right
     if validated:
         header += ["measured", "error"]
@@ -483,7 +483,7 @@ def _throughput_panel(ax: Axes, rows: Sequence[RankedRow], ups: Sequence[float |
     handles: list[Any] = [
         Patch(facecolor=_TAG_COLOURS[t], edgecolor="#333333", label=t) for t in TAGS if _tagged(rows, t)
     ]
-    handles.append(Patch(facecolor=_OTHER_COLOUR, edgecolor="#333333", label="other mapping"))
+    handles.append(Patch(facecolor=_OTHER_COLOUR, edgecolor="#333333", label="other placement"))
     if any(r.predicted_only for r in rows):
         handles.append(Patch(facecolor="white", edgecolor="#333333", hatch="///", label="predicted only"))
     if measured:
@@ -620,10 +620,10 @@ def mape_by_config(points: Sequence[Point]) -> dict[str, float]:
 
 
 def format_validation(points: Sequence[Point], target: float | None = TARGET, detail: bool = False) -> str:
-    """Per configuration: points, MAPE and the worst mapping; then the overall MAPE against ``target``.
+    """Per configuration: points, MAPE and the worst placement; then the overall MAPE against ``target``.
 
     Args:
-        points: ``(config_title, label, predicted, measured)`` per validated mapping.
+        points: ``(config_title, label, predicted, measured)`` per validated placement.
         target: the MAPE to meet (a fraction), stated on the last line; ``None`` to leave it out.
         detail: also list every point with its signed error.
 
@@ -634,7 +634,7 @@ def format_validation(points: Sequence[Point], target: float | None = TARGET, de
     groups: dict[str, list[Point]] = {}
     for point in points:
         groups.setdefault(point[0], []).append(point)
-    table = [["configuration", "points", "MAPE", "worst error", "worst mapping"]]
+    table = [["configuration", "points", "MAPE", "worst error", "worst placement"]]
     for config, group in groups.items():
         worst = max(group, key=_ape)
         table.append([config, str(len(group)), _percent(mape(group)), _percent((worst[2] - worst[3]) / worst[3], True),
@@ -694,7 +694,7 @@ def plot_validation(
     ax.set_aspect("equal")
     ax.set_xlabel("measured environment steps / s")
     ax.set_ylabel("predicted environment steps / s")
-    ax.set_title(title or f"advisor validation: MAPE {_percent(mape(points))} over {len(points)} mappings",
+    ax.set_title(title or f"advisor validation: MAPE {_percent(mape(points))} over {len(points)} placements",
                  fontsize=10)  # fmt: skip
     ax.grid(which="both", alpha=0.25)
     ax.legend(fontsize=7, loc="upper left")

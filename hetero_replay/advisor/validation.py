@@ -1,4 +1,4 @@
-"""Validation: train the top-ranked mappings end to end and compare the measured speed with the prediction.
+"""Validation: train the top-ranked placements end to end and compare the measured speed with the prediction.
 
 Each validated candidate trains in the real adapter (:meth:`Workload.run
 <hetero_replay.advisor.workload.Workload.run>`) for the same number of env
@@ -6,7 +6,7 @@ steps, ``repeats`` times; the repetitions are interleaved (every candidate
 once, then every candidate again) so a slow spell of a shared machine hits all
 of them alike, and the median counts. The advice's rows then carry the
 measurement, and its summary the mean absolute percentage error (MAPE) and
-whether the top-ranked mapping measured within 5% of the fastest measured one.
+whether the top-ranked placement measured within 5% of the fastest measured one.
 """
 
 from __future__ import annotations

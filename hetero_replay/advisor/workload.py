@@ -20,7 +20,7 @@ import dataclasses
 import importlib
 from typing import Any, Protocol, runtime_checkable
 
-from hetero_replay.mapping import Mapping
+from hetero_replay.placement import Placement
 
 #: Host library -> ``"module:function"`` building its workload (imported only when asked for).
 LIBRARIES: dict[str, str] = {
@@ -109,9 +109,9 @@ class ReplayConfig:
         label = f" [{self.label}]" if self.label else ""
         return f"{self.tree}{threads}{label} | {self.storage} | tree {self.tree_device} | learner {self.learner}"
 
-    def mapping(self, check: bool = False) -> Mapping:
-        """The :class:`~hetero_replay.mapping.Mapping` placing the primitives this way."""
-        return Mapping(
+    def placement(self, check: bool = False) -> Placement:
+        """The :class:`~hetero_replay.placement.Placement` placing the primitives this way."""
+        return Placement(
             inference=self.learner, sample=self.tree_device, update=self.tree_device,
             train=self.learner, storage=self.storage, tree=self.tree, check=check,
         )  # fmt: skip
@@ -141,8 +141,8 @@ class Candidate:
     staleness: int = 0
 
     @property
-    def mapping(self) -> Mapping:
-        return self.replay.mapping(check=False)
+    def placement(self) -> Placement:
+        return self.replay.placement(check=False)
 
     @property
     def threads(self) -> int:

@@ -2,7 +2,7 @@
 
 hetero-replay info       what this installation has: tree backends and storages
                          (devices, usable here or why not), threads
-hetero-replay advise     profile every primitive, rank every mapping, say which to use (--validate: prove it)
+hetero-replay advise     profile every primitive, rank every placement, say which to use (--validate: prove it)
 hetero-replay compare    stock replay vs PER in SB3 / Tianshou training runs, over seeds
 """
 
@@ -61,17 +61,17 @@ def _advise_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--staleness", default="0,1", help="comma-separated stalenesses to rank (0 = strict PER)")
     p.add_argument("--profile", default=None, help="advise from this saved profile (e.g. one made on a GPU box)")
     p.add_argument("--no-cache", action="store_true", help="profile again even if a cached profile exists")
-    p.add_argument("--validate", action="store_true", help="train the top mappings, default and baseline end to end")
-    p.add_argument("--top", type=int, default=3, help="how many top-ranked mappings --validate trains")
-    p.add_argument("--validate-all", action="store_true", help="--validate every ranked mapping")
+    p.add_argument("--validate", action="store_true", help="train the top placements, default and baseline end to end")
+    p.add_argument("--top", type=int, default=3, help="how many top-ranked placements --validate trains")
+    p.add_argument("--validate-all", action="store_true", help="--validate every ranked placement")
     p.add_argument("--env-steps", type=int, default=None, help="env steps per validation run (default: ~4 s each)")
-    p.add_argument("--repeats", type=int, default=3, help="validation runs per mapping (the median counts)")
+    p.add_argument("--repeats", type=int, default=3, help="validation runs per placement (the median counts)")
     p.add_argument("--out", default=None, help="output folder (default: out/advise/<lib>-<algo>-<env>-B<B>-N<N>)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 
 @command(
-    "advise", "profile every primitive, rank every mapping; table, JSON, PNG (--validate: measured)", _advise_arguments
+    "advise", "profile every primitive, rank every placement; table, JSON, PNG (--validate: measured)", _advise_arguments
 )
 def advise(args: argparse.Namespace) -> int:
     from hetero_replay import advisor
@@ -88,7 +88,7 @@ def advise(args: argparse.Namespace) -> int:
         elif args.profile is None:
             raise ValueError("give --lib (sb3 or tianshou) and the setup, or --profile FILE")
         if (args.validate or args.validate_all) and workload is None:
-            raise ValueError("--validate trains the mappings, so it needs --lib and the setup")
+            raise ValueError("--validate trains the placements, so it needs --lib and the setup")
         advice = advisor.advise(
             workload, staleness=staleness, profile=args.profile, cache=not args.no_cache, progress=progress
         )

@@ -15,7 +15,7 @@ the run. Every variant gets the same hyperparameters and algorithm: the
 standard setups of :mod:`hetero_replay.adapters.tianshou.workload`
 (:data:`HYPERPARAMS` is its ``STANDARD_HYPERPARAMS``, ``make_algorithm`` its
 ``standard_algorithm``; DQN on CartPole as in ``shared/notes/host-libraries.md``
-§2), which the mapping advisor profiles too. Each run first
+§2), which the placement advisor profiles too. Each run first
 collects ``warmup_steps`` random transitions (untimed, not counted in
 ``steps``), then trains in epochs of ``eval_every`` env steps with Tianshou's
 ``OffPolicyTrainer``; between epochs the greedy policy is evaluated on

@@ -5,7 +5,7 @@ finds ``hetero_replay_toy-0.1.dist-info`` as an installed distribution whose
 entry point ``[hetero_replay.backends] toy = hetero_replay_toy:register``
 hetero-replay's registry calls on its first lookup. From then on
 ``make_tree("toy")``, ``PrioritizedReplay(tree="toy")`` and
-``Mapping(tree="toy")`` work, and the reference tests run against it.
+``Placement(tree="toy")`` work, and the reference tests run against it.
 
 :class:`ToySumTree` is written from the protocol (``hetero_replay/trees/base.py``)
 and its numerical contract, not from the NumPy reference: a *complete* K-ary
@@ -17,7 +17,7 @@ the shared PER power ``(|td| + eps) ** alpha``.
 
 It declares two device types: ``"cpu"``, and ``"toyaccel"``, a made-up
 accelerator (the tree stays in host memory) that shows a plugin adding a
-device name a :class:`~hetero_replay.mapping.Mapping` then accepts.
+device name a :class:`~hetero_replay.placement.Placement` then accepts.
 """
 
 from __future__ import annotations

@@ -1,25 +1,25 @@
-"""Mapping: which device runs each primitive of a PER learner, and where transitions live.
+"""Placement: which device runs each primitive of a PER learner, and where transitions live.
 
 A learner step has four placeable primitives (the env step always runs on the
 CPU): ``inference`` (the policy picks actions), ``sample`` (draw a batch from
 the sum tree, gather it, IS weights), ``update`` (write new priorities into the
 tree) and ``train`` (the SGD step). ``storage`` says where the transitions are
-kept. A :class:`Mapping` names a device for each, checks that this machine has
+kept. A :class:`Placement` names a device for each, checks that this machine has
 them, and turns into the arguments of the pieces that run them:
 
->>> m = Mapping(sample="cpu", update="cpu", train="cpu", storage="cpu", tree="torch")
+>>> m = Placement(sample="cpu", update="cpu", train="cpu", storage="cpu", tree="torch")
 >>> m.replay_kwargs()
 {'tree': 'torch', 'tree_device': 'cpu', 'storage': 'cpu', 'device': 'cpu'}
 >>> m.learner_device
 'cpu'
 
-The Stable-Baselines3 and Tianshou adapters take a mapping directly
-(``PERDQN(..., mapping=m)``, ``HeteroPrioritizedVectorReplayBuffer(..., mapping=m)``,
-``PEROffPolicyWrapper(..., mapping=m)``).
+The Stable-Baselines3 and Tianshou adapters take a placement directly
+(``PERDQN(..., placement=m)``, ``HeteroPrioritizedVectorReplayBuffer(..., placement=m)``,
+``PEROffPolicyWrapper(..., placement=m)``).
 
 ``sample`` and ``update`` act on one sum tree, so they name the same device.
-:meth:`Mapping.transfers` lists what a training step moves between devices
-under the mapping, and :class:`TransferCounter` counts what it really moves.
+:meth:`Placement.transfers` lists what a training step moves between devices
+under the placement, and :class:`TransferCounter` counts what it really moves.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from typing import Any, NamedTuple
 
 from hetero_replay import registry
 
-#: The primitives a mapping places (the env step is always on the CPU).
+#: The primitives a placement places (the env step is always on the CPU).
 PRIMITIVES = ("inference", "sample", "update", "train")
 #: Storage placements besides a device: NumPy on the host, page-locked host tensors.
 HOST, PINNED = "host", "pinned"
 
 
 class DeviceUnavailableError(RuntimeError):
-    """A mapping asks for a device or backend this machine does not have."""
+    """A placement asks for a device or backend this machine does not have."""
 
 
 class Transfer(NamedTuple):
@@ -49,13 +49,13 @@ class Transfer(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class Mapping:
+class Placement:
     """A device for each primitive, the storage placement and the tree backend.
 
     Devices are ``"cpu"``, ``"cuda"`` / ``"cuda:N"``, or a device type a
     registered backend or storage declares (``"fpga"`` / ``"fpga:N"``; see
     :func:`hetero_replay.registry.device_types`). Construction checks the
-    mapping and that this machine can run it; a missing device raises
+    placement and that this machine can run it; a missing device raises
     :class:`DeviceUnavailableError` naming the primitive that asked for it.
 
     Args:
@@ -72,7 +72,7 @@ class Mapping:
             (the C++ tree on the CPU; the CUDA kernels (CuPy) on a GPU, or the
             torch tree without CuPy).
         check: ``False`` skips the check that this machine has the devices
-            (to describe a mapping for another machine, e.g. in a cost model).
+            (to describe a placement for another machine, e.g. in a cost model).
     """
 
     inference: str = "cpu"
@@ -113,17 +113,17 @@ class Mapping:
     # -- presets -----------------------------------------------------------------------
 
     @classmethod
-    def cpu(cls) -> Mapping:
+    def cpu(cls) -> Placement:
         """Everything on the CPU: the C++ tree, NumPy storage, a CPU learner."""
         return cls()
 
     @classmethod
-    def gpu(cls, device: str = "cuda", check: bool = True) -> Mapping:
+    def gpu(cls, device: str = "cuda", check: bool = True) -> Placement:
         """Everything on one GPU: tree, transitions and learner; no per-step host copies."""
         return cls(inference=device, sample=device, update=device, train=device, storage=device, check=check)
 
     @classmethod
-    def cpu_replay_gpu_learner(cls, device: str = "cuda", check: bool = True) -> Mapping:
+    def cpu_replay_gpu_learner(cls, device: str = "cuda", check: bool = True) -> Placement:
         """The C++ tree on the CPU, transitions in pinned memory, the network on the GPU."""
         return cls(inference=device, train=device, storage=PINNED, check=check)
 
@@ -146,12 +146,12 @@ class Mapping:
             return self.tree
         ranked = registry.ranked_backends(self.sample)
         usable = [s for s in ranked if s.why_unusable() is None]
-        return (usable or ranked)[0].name  # unchecked mappings: the best one, wherever it runs
+        return (usable or ranked)[0].name  # unchecked placements: the best one, wherever it runs
 
     def replay_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :class:`~hetero_replay.replay.PrioritizedReplay` for this mapping.
+        """Keyword arguments of :class:`~hetero_replay.replay.PrioritizedReplay` for this placement.
 
-        ``device`` is the learner's device, except for the all-host mapping
+        ``device`` is the learner's device, except for the all-host placement
         (NumPy storage, CPU learner) where it is ``None`` and batches stay NumPy
         arrays, which a CPU learner wraps without a copy.
         """
@@ -165,13 +165,13 @@ class Mapping:
             "device": None if host_batches else self.train,
         }
 
-    def checked(self) -> Mapping:
-        """This mapping, checked against this machine now.
+    def checked(self) -> Placement:
+        """This placement, checked against this machine now.
 
-        Also for a mapping built with ``check=False`` or checked on another
+        Also for a placement built with ``check=False`` or checked on another
         machine (unpickled with a saved model); a missing device raises
         :class:`DeviceUnavailableError` naming the primitive. The adapters call
-        this when they build a model or buffer from a mapping.
+        this when they build a model or buffer from a placement.
         """
         return dataclasses.replace(self, check=True)
 
@@ -211,29 +211,29 @@ class Mapping:
             raise DeviceUnavailableError(f"sample/update: tree backend {backend!r} is not usable here: {reason}")
 
 
-def one_policy_mapping(mapping: Any, library: str) -> Mapping:
-    """``mapping``, checked for a library whose one policy both acts and trains.
+def one_policy_placement(placement: Any, library: str) -> Placement:
+    """``placement``, checked for a library whose one policy both acts and trains.
 
     Stable-Baselines3 and Tianshou act with the network they train, so the
     ``inference`` and ``train`` primitives must share a device.
 
     Args:
-        mapping: the user's :class:`Mapping`.
+        placement: the user's :class:`Placement`.
         library: who asks, for the error messages (e.g. ``"PERDQN"``).
 
     Raises:
-        TypeError: ``mapping`` is not a :class:`Mapping`.
+        TypeError: ``placement`` is not a :class:`Placement`.
         ValueError: ``inference`` and ``train`` name different devices.
-        DeviceUnavailableError: a device of the mapping is missing here.
+        DeviceUnavailableError: a device of the placement is missing here.
     """
-    if not isinstance(mapping, Mapping):
-        raise TypeError(f"mapping must be a hetero_replay.mapping.Mapping, got {type(mapping).__name__}")
-    if mapping.inference != mapping.train:
+    if not isinstance(placement, Placement):
+        raise TypeError(f"placement must be a hetero_replay.placement.Placement, got {type(placement).__name__}")
+    if placement.inference != placement.train:
         raise ValueError(
-            f"{library} acts and trains with one policy on one device, but the mapping puts "
-            f"inference on {mapping.inference!r} and train on {mapping.train!r}; give both the same device"
+            f"{library} acts and trains with one policy on one device, but the placement puts "
+            f"inference on {placement.inference!r} and train on {placement.train!r}; give both the same device"
         )
-    return mapping.checked()
+    return placement.checked()
 
 
 def _normalise(what: str, device: Any) -> str:
@@ -358,8 +358,8 @@ __all__ = [
     "PINNED",
     "PRIMITIVES",
     "DeviceUnavailableError",
-    "Mapping",
+    "Placement",
     "Transfer",
     "TransferCounter",
-    "one_policy_mapping",
+    "one_policy_placement",
 ]

@@ -1,17 +1,17 @@
-"""Placing the replay primitives with a Mapping: PERDQN on CartPole-v1.
+"""Placing the replay primitives with a Placement: PERDQN on CartPole-v1.
 
-A ``Mapping`` names where each primitive runs (inference, sample, update,
-train) and where transitions are stored. ``PERDQN(..., mapping=m)`` trains on
+A ``Placement`` names where each primitive runs (inference, sample, update,
+train) and where transitions are stored. ``PERDQN(..., placement=m)`` trains on
 ``m.learner_device`` and builds its buffer from ``m.replay_kwargs()``. The
 script trains PERDQN on CartPole (a mean return above 150 usually within a few
 thousand steps, about a minute on a CPU), counts what one ``train()`` call really moves between devices
-(``TransferCounter``) next to what the mapping says it moves
-(``m.transfers()``), and saves and loads the model with its mapping.
+(``TransferCounter``) next to what the placement says it moves
+(``m.transfers()``), and saves and loads the model with its placement.
 
-    python examples/sb3_mapping.py                       # torch tree + torch storage on the CPU
-    python examples/sb3_mapping.py --mapping cpu         # the default: C++ tree, NumPy storage
-    python examples/sb3_mapping.py --mapping gpu         # everything on one GPU (needs CUDA)
-    python examples/sb3_mapping.py --mapping hybrid      # C++ tree, pinned storage, GPU learner (needs CUDA)
+    python examples/sb3_placement.py                         # torch tree + torch storage on the CPU
+    python examples/sb3_placement.py --placement cpu         # the default: C++ tree, NumPy storage
+    python examples/sb3_placement.py --placement gpu         # everything on one GPU (needs CUDA)
+    python examples/sb3_placement.py --placement hybrid      # C++ tree, pinned storage, GPU learner (needs CUDA)
 """
 
 from __future__ import annotations
@@ -25,39 +25,39 @@ from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewar
 from stable_baselines3.common.env_util import make_vec_env
 
 from hetero_replay.adapters.sb3 import PERDQN
-from hetero_replay.mapping import DeviceUnavailableError, Mapping, TransferCounter
+from hetero_replay.placement import DeviceUnavailableError, Placement, TransferCounter
 
-MAPPINGS = {
-    "cpu": Mapping.cpu,
-    "torch": lambda: Mapping(storage="cpu", tree="torch"),  # tree, transitions, learner on one device
-    "gpu": Mapping.gpu,
-    "hybrid": Mapping.cpu_replay_gpu_learner,
+PLACEMENTS = {
+    "cpu": Placement.cpu,
+    "torch": lambda: Placement(storage="cpu", tree="torch"),  # tree, transitions, learner on one device
+    "gpu": Placement.gpu,
+    "hybrid": Placement.cpu_replay_gpu_learner,
 }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mapping", choices=sorted(MAPPINGS), default="torch")
+    parser.add_argument("--placement", choices=sorted(PLACEMENTS), default="torch")
     parser.add_argument("--steps", type=int, default=20_000, help="most environment steps")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)  # small networks: one thread is fastest
     try:
-        mapping = MAPPINGS[args.mapping]()
+        placement = PLACEMENTS[args.placement]()
     except DeviceUnavailableError as error:  # names the primitive whose device is missing
-        raise SystemExit(f"--mapping {args.mapping}: {error}") from None
+        raise SystemExit(f"--placement {args.placement}: {error}") from None
 
     model = PERDQN(
-        "MlpPolicy", "CartPole-v1", mapping=mapping, seed=args.seed,
+        "MlpPolicy", "CartPole-v1", placement=placement, seed=args.seed,
         learning_rate=2.3e-3, batch_size=64, buffer_size=50_000, learning_starts=1000, target_update_interval=100,
         train_freq=16, gradient_steps=8, exploration_fraction=0.16, exploration_final_eps=0.04,
         policy_kwargs=dict(net_arch=[256, 256]),
     )  # fmt: skip
     core = model.replay_buffer.replay
-    print(f"mapping: {mapping}")
+    print(f"placement: {placement}")
     print(f"  model device {model.device}; core engine {type(core).__name__} with {core.tree!r}")
     print(
-        f"  storage {type(core.storage).__name__}; a step moves: {[tuple(t) for t in mapping.transfers()] or 'nothing'}"
+        f"  storage {type(core.storage).__name__}; a step moves: {[tuple(t) for t in placement.transfers()] or 'nothing'}"
     )
 
     # evaluate every 1,000 steps; stop once the mean return reaches 475 (CartPole-v1 caps it at 500)
@@ -78,7 +78,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model.save(f"{tmp}/model")
         loaded = PERDQN.load(f"{tmp}/model", env=model.get_env())
-    print(f"saved and loaded: mapping kept = {loaded.mapping == mapping}, device {loaded.device}")
+    print(f"saved and loaded: placement kept = {loaded.placement == placement}, device {loaded.device}")
 
 
 if __name__ == "__main__":

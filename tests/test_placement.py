@@ -1,4 +1,4 @@
-"""Mapping: validation against this machine, the arguments it produces, and a
+"""Placement: validation against this machine, the arguments it produces, and a
 training step that, with everything on one device, moves no transition or priority."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hetero_replay import PrioritizedReplay  # noqa: E402
-from hetero_replay.mapping import (  # noqa: E402
+from hetero_replay.placement import (  # noqa: E402
     PRIMITIVES,
     DeviceUnavailableError,
-    Mapping,
+    Placement,
     Transfer,
     TransferCounter,
-    one_policy_mapping,
+    one_policy_placement,
 )
 from tests.conftest import SCHEMA, make_batch  # noqa: E402
 
@@ -23,15 +23,15 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error
 
 
 def test_defaults_are_the_all_host_mapping():
-    m = Mapping.cpu()
-    assert m == Mapping() and m.learner_device == m.inference_device == "cpu"
+    m = Placement.cpu()
+    assert m == Placement() and m.learner_device == m.inference_device == "cpu"
     assert m.replay_kwargs() == {"tree": "native", "tree_device": None, "storage": "host", "device": None}
     assert m.transfers() == ()
     assert type(PrioritizedReplay(10, SCHEMA, **m.replay_kwargs())) is PrioritizedReplay
 
 
 def test_torch_tree_on_the_cpu():
-    m = Mapping(storage="cpu", tree="torch")
+    m = Placement(storage="cpu", tree="torch")
     assert m.replay_kwargs() == {"tree": "torch", "tree_device": "cpu", "storage": "cpu", "device": "cpu"}
     buf = PrioritizedReplay(10, SCHEMA, **m.replay_kwargs())
     assert buf.device is not None and buf.tree.device == torch.device("cpu")
@@ -51,8 +51,8 @@ def test_torch_tree_on_the_cpu():
 )
 def test_absent_cuda_is_an_error_naming_the_primitive(kwargs, primitive):
     with pytest.raises(DeviceUnavailableError, match=f"^{primitive}: 'cuda"):
-        Mapping(**kwargs)
-    Mapping(**kwargs, check=False)  # describing it for another machine is fine
+        Placement(**kwargs)
+    Placement(**kwargs, check=False)  # describing it for another machine is fine
 
 
 @pytest.mark.parametrize(
@@ -68,12 +68,12 @@ def test_absent_cuda_is_an_error_naming_the_primitive(kwargs, primitive):
 )
 def test_inconsistent_mappings(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        Mapping(**kwargs, check=False)
+        Placement(**kwargs, check=False)
 
 
 def test_device_names_and_backends_come_from_the_registry():
     """A plugin's device type is a device name; its backend a tree; "auto" finds it there (the toy plugin)."""
-    m = Mapping(sample="toyaccel", update="toyaccel:0", tree="auto")
+    m = Placement(sample="toyaccel", update="toyaccel:0", tree="auto")
     assert (m.sample, m.tree_backend) == ("toyaccel:0", "toy")
     assert m.replay_kwargs() == {"tree": "toy", "tree_device": "toyaccel:0", "storage": "host", "device": None}
     assert m.transfers() == (
@@ -85,35 +85,35 @@ def test_device_names_and_backends_come_from_the_registry():
     )
     buf = PrioritizedReplay(10, SCHEMA, **m.replay_kwargs())
     assert type(buf.tree).__name__ == "ToySumTree"
-    assert Mapping(tree="toy").replay_kwargs()["tree_device"] == "cpu"  # the toy also runs on the CPU
+    assert Placement(tree="toy").replay_kwargs()["tree_device"] == "cpu"  # the toy also runs on the CPU
     with pytest.raises(
         ValueError, match="tree backend 'toy' runs on the CPU or a 'toyaccel' device; sample/update are on 'cuda:0'"
     ):
-        Mapping(sample="cuda", update="cuda", tree="toy", check=False)
+        Placement(sample="cuda", update="cuda", tree="toy", check=False)
     with pytest.raises(
         ValueError, match="tree backend 'native' runs on the CPU only; sample/update are on 'toyaccel:1'"
     ):
-        Mapping(sample="toyaccel:1", update="toyaccel:1", tree="native")
+        Placement(sample="toyaccel:1", update="toyaccel:1", tree="native")
     with pytest.raises(
         ValueError, match="storage must be 'host', 'pinned', 'shared', 'disk' or a torch device, got 'toyaccel:0'"
     ):
-        Mapping(storage="toyaccel")  # a device, but no storage keeps rows there
+        Placement(storage="toyaccel")  # a device, but no storage keeps rows there
 
 
 def test_gpu_mappings_described_without_a_gpu():
-    gpu = Mapping.gpu("cuda", check=False)
-    assert gpu == Mapping(**{p: "cuda:0" for p in PRIMITIVES}, storage="cuda:0", check=False)  # normalised
+    gpu = Placement.gpu("cuda", check=False)
+    assert gpu == Placement(**{p: "cuda:0" for p in PRIMITIVES}, storage="cuda:0", check=False)  # normalised
     assert gpu.transfers() == (Transfer("uniforms", "cpu", "cuda:0"), Transfer("tree scalars", "cuda:0", "cpu"))
     kwargs = gpu.replay_kwargs()
     assert kwargs["tree_device"] == kwargs["storage"] == kwargs["device"] == "cuda:0"
     assert kwargs["tree"] in ("cupy", "torch")
-    hybrid = Mapping.cpu_replay_gpu_learner(check=False)
+    hybrid = Placement.cpu_replay_gpu_learner(check=False)
     assert hybrid.replay_kwargs() == {"tree": "native", "tree_device": None, "storage": "pinned", "device": "cuda:0"}
     assert [t.what for t in hybrid.transfers()] == ["transitions", "weights", "td errors"]
 
 
 def test_checked_checks_a_described_mapping_now():
-    described = Mapping(storage="cpu", tree="torch", check=False)
+    described = Placement(storage="cpu", tree="torch", check=False)
     checked = described.checked()
     assert checked == described and checked.check
 
@@ -121,17 +121,17 @@ def test_checked_checks_a_described_mapping_now():
 @no_cuda
 def test_checked_reports_an_absent_device_naming_the_primitive():
     with pytest.raises(DeviceUnavailableError, match="^train: 'cuda:0' requested"):
-        Mapping(train="cuda", check=False).checked()
+        Placement(train="cuda", check=False).checked()
 
 
-def test_one_policy_mapping_needs_inference_and_train_on_one_device():
-    assert one_policy_mapping(Mapping(tree="torch", check=False), "SB3").check
-    with pytest.raises(TypeError, match="mapping must be a hetero_replay.mapping.Mapping, got dict"):
-        one_policy_mapping({"train": "cpu"}, "SB3")
+def test_one_policy_placement_needs_inference_and_train_on_one_device():
+    assert one_policy_placement(Placement(tree="torch", check=False), "SB3").check
+    with pytest.raises(TypeError, match="placement must be a hetero_replay.placement.Placement, got dict"):
+        one_policy_placement({"train": "cpu"}, "SB3")
     with pytest.raises(
         ValueError, match="^SB3 acts and trains with one policy.*inference on 'cpu' and train on 'cuda:1'"
     ):
-        one_policy_mapping(Mapping(train="cuda:1", check=False), "SB3")
+        one_policy_placement(Placement(train="cuda:1", check=False), "SB3")
 
 
 def test_transfer_counter_sees_copies_host_inputs_and_scalar_reads():
@@ -164,7 +164,7 @@ def test_one_device_training_step_moves_no_transition_or_priority(monkeypatch):
     """Tree, storage and learner on one device: the step's only host input is the
     uniforms of the draws (B float64), nothing crosses devices, no scalar is read,
     and nothing leaves torch for NumPy."""
-    m = Mapping(storage="cpu", tree="torch")
+    m = Placement(storage="cpu", tree="torch")
     buf = PrioritizedReplay(200, SCHEMA, seed=0, **m.replay_kwargs())
     buf.add(make_batch(150))
     net = torch.nn.Linear(3, 2).to(m.learner_device)
@@ -185,10 +185,10 @@ def test_one_device_training_step_moves_no_transition_or_priority(monkeypatch):
 
 
 def test_learner_loop_on_every_cpu_mapping():
-    """Each CPU mapping runs a short learning loop end to end with the same draws."""
-    mappings = [Mapping(), Mapping(storage="cpu"), Mapping(storage="cpu", tree="torch"), Mapping(tree="numpy")]
+    """Each CPU placement runs a short learning loop end to end with the same draws."""
+    placements = [Placement(), Placement(storage="cpu"), Placement(storage="cpu", tree="torch"), Placement(tree="numpy")]
     first = []
-    for m in mappings:
+    for m in placements:
         torch.manual_seed(0)
         buf = PrioritizedReplay(200, SCHEMA, seed=1, **m.replay_kwargs())
         buf.add(make_batch(150))
@@ -203,4 +203,4 @@ def test_learner_loop_on_every_cpu_mapping():
                 buf.update_priorities(batch.indices, np.abs(batch.data["reward"] - 1.0))
         assert buf.max_priority > 1.0
         first.append(np.asarray(buf.sample(4).indices).tolist())
-    assert len(first) == len(mappings)
+    assert len(first) == len(placements)

@@ -1,9 +1,9 @@
-"""Mappings in the SB3 adapter: PER algorithms and buffers placed by a ``Mapping``.
+"""Placements in the SB3 adapter: PER algorithms and buffers placed by a ``Placement``.
 
 Everything runs on the CPU: the torch tree with torch storage stands in for
 "tree, transitions and learner on one device". A training step must then hand
 the core engine's tensors to the network untouched and the TD-error tensor to
-the tree without leaving torch; the default mapping must be today's buffer.
+the tree without leaving torch; the default placement must be today's buffer.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from hetero_replay.adapters.sb3 import (  # noqa: E402
     DictPrioritizedReplayBuffer,
     PrioritizedReplayBuffer,
 )
-from hetero_replay.mapping import DeviceUnavailableError, Mapping, TransferCounter  # noqa: E402
+from hetero_replay.placement import DeviceUnavailableError, Placement, TransferCounter  # noqa: E402
 from hetero_replay.storage import HostStorage  # noqa: E402
 from hetero_replay.storage.torch_storage import TorchStorage  # noqa: E402
 from hetero_replay.trees.native_tree import NativeSumTree  # noqa: E402
 from hetero_replay.trees.torch_tree import TorchSumTree  # noqa: E402
 
 #: Tree, transitions and learner on one device (the CPU here).
-ONE_DEVICE = Mapping(storage="cpu", tree="torch")
+ONE_DEVICE = Placement(storage="cpu", tree="torch")
 
 OBS = spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACT = spaces.Discrete(2)
@@ -52,7 +52,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 def assert_one_device_placement(model) -> None:
     """The model and its buffer are placed as ``ONE_DEVICE`` says."""
     buf = model.replay_buffer
-    assert model.mapping == buf.mapping == ONE_DEVICE and model.device == th.device("cpu")
+    assert model.placement == buf.placement == ONE_DEVICE and model.device == th.device("cpu")
     core = buf.replay
     assert core.device is not None and core.device == th.device("cpu")
     assert isinstance(core.tree, TorchSumTree) and core.tree.device == th.device("cpu")
@@ -66,20 +66,20 @@ def assert_prioritized(model) -> None:
     assert buf.max_priority > 0
 
 
-# -- the PER algorithms with a mapping ------------------------------------------------------------
+# -- the PER algorithms with a placement ------------------------------------------------------------
 
 
 def test_perdqn_with_a_torch_tree_mapping_trains_and_prioritizes() -> None:
-    model = PERDQN("MlpPolicy", "CartPole-v1", mapping=ONE_DEVICE, learning_starts=50, batch_size=32, **small())
+    model = PERDQN("MlpPolicy", "CartPole-v1", placement=ONE_DEVICE, learning_starts=50, batch_size=32, **small())
     assert_one_device_placement(model)
     model.learn(300)
     assert_prioritized(model)
-    assert 0.9 < model.replay_buffer.beta <= 1.0  # annealed as without a mapping
+    assert 0.9 < model.replay_buffer.beta <= 1.0  # annealed as without a placement
 
 
 @pytest.mark.parametrize("algo", [PERDDPG, PERTD3, PERSAC])
 def test_continuous_algorithms_take_a_mapping(algo) -> None:
-    model = algo("MlpPolicy", "Pendulum-v1", mapping=ONE_DEVICE, learning_starts=50, batch_size=32, **small())
+    model = algo("MlpPolicy", "Pendulum-v1", placement=ONE_DEVICE, learning_starts=50, batch_size=32, **small())
     assert_one_device_placement(model)
     model.learn(150)
     assert_prioritized(model)
@@ -91,10 +91,10 @@ def test_a_training_step_moves_nothing_the_mapping_does_not_declare(monkeypatch)
     The batch the network reads is the core engine's own tensors (no ``to_torch``
     copy), the TD errors reach the tree without leaving torch (``Tensor.numpy``
     is never called), nothing crosses devices (``transfers()`` declares nothing
-    for this mapping), and the only host data entering torch are the uniforms
+    for this placement), and the only host data entering torch are the uniforms
     of the draws, drawn by the buffer's seeded NumPy generator.
     """
-    model = PERDQN("MlpPolicy", "CartPole-v1", mapping=ONE_DEVICE, learning_starts=50, batch_size=16, **small())
+    model = PERDQN("MlpPolicy", "CartPole-v1", placement=ONE_DEVICE, learning_starts=50, batch_size=16, **small())
     model.learn(200)
     buf = model.replay_buffer
     core = buf.replay  # also commits the rows staged by the last collection
@@ -138,7 +138,7 @@ def test_a_training_step_moves_nothing_the_mapping_does_not_declare(monkeypatch)
 
 def test_the_default_mapping_feeds_host_batches_to_torch() -> None:
     """The counter above would see copies: with host storage, sampled transitions enter torch each step."""
-    model = PERDQN("MlpPolicy", "CartPole-v1", mapping=Mapping.cpu(), learning_starts=50, batch_size=16, **small())
+    model = PERDQN("MlpPolicy", "CartPole-v1", placement=Placement.cpu(), learning_starts=50, batch_size=16, **small())
     model.learn(200)
     core = model.replay_buffer.replay  # also commits the staged rows
     assert type(core) is PrioritizedReplay
@@ -149,7 +149,7 @@ def test_the_default_mapping_feeds_host_batches_to_torch() -> None:
 
 def test_the_default_mapping_is_the_buffer_without_one() -> None:
     runs = []
-    for kwargs in (dict(), dict(mapping=Mapping.cpu())):
+    for kwargs in (dict(), dict(placement=Placement.cpu())):
         model = PERDQN("MlpPolicy", "CartPole-v1", learning_starts=50, batch_size=16, **small(**kwargs))
         core = model.replay_buffer.replay
         assert type(core) is PrioritizedReplay
@@ -165,7 +165,7 @@ def test_the_default_mapping_is_the_buffer_without_one() -> None:
 
 
 def test_a_mapping_in_replay_buffer_kwargs_means_the_same() -> None:
-    model = PERDQN("MlpPolicy", "CartPole-v1", replay_buffer_kwargs=dict(mapping=ONE_DEVICE, alpha=0.5), **small())
+    model = PERDQN("MlpPolicy", "CartPole-v1", replay_buffer_kwargs=dict(placement=ONE_DEVICE, alpha=0.5), **small())
     assert_one_device_placement(model)
     assert model.replay_buffer.alpha == 0.5
 
@@ -173,35 +173,35 @@ def test_a_mapping_in_replay_buffer_kwargs_means_the_same() -> None:
 def test_stock_dqn_takes_a_mapping_through_the_buffer_kwargs() -> None:
     model = DQN(
         "MlpPolicy", "CartPole-v1", learning_starts=50, replay_buffer_class=PrioritizedReplayBuffer,
-        replay_buffer_kwargs=dict(mapping=ONE_DEVICE), device="cpu", **small(),
+        replay_buffer_kwargs=dict(placement=ONE_DEVICE), device="cpu", **small(),
     )  # fmt: skip
     model.learn(150)  # stock train(): no priority updates, but it samples from the mapped buffer
     assert model.replay_buffer.replay.device is not None
     assert model.replay_buffer.sample(8).observations.device == model.device
 
 
-# -- bad mappings -------------------------------------------------------------------------------------
+# -- bad placements -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        (dict(mapping="cpu"), TypeError, "mapping must be a hetero_replay.mapping.Mapping, 'auto' or None, got str"),
+        (dict(placement="cpu"), TypeError, "placement must be a hetero_replay.placement.Placement, 'auto' or None, got str"),
         (
-            dict(mapping=Mapping(inference="cuda", check=False)),
+            dict(placement=Placement(inference="cuda", check=False)),
             ValueError,
             (
-                "PERDQN acts and trains with one policy on one device, but the mapping puts inference on "
+                "PERDQN acts and trains with one policy on one device, but the placement puts inference on "
                 "'cuda:0' and train on 'cpu'"
             ),
         ),
-        (dict(mapping=ONE_DEVICE, device="meta"), ValueError, "device='meta' contradicts the mapping"),
+        (dict(placement=ONE_DEVICE, device="meta"), ValueError, "device='meta' contradicts the placement"),
         (
-            dict(mapping=ONE_DEVICE, replay_buffer_kwargs=dict(mapping=Mapping.cpu())),
+            dict(placement=ONE_DEVICE, replay_buffer_kwargs=dict(placement=Placement.cpu())),
             ValueError,
-            r"replay_buffer_kwargs\['mapping'\].* differ",
+            r"replay_buffer_kwargs\['placement'\].* differ",
         ),
-        (dict(mapping=ONE_DEVICE, replay_buffer_kwargs=dict(tree="numpy")), ValueError, "both choose the tree"),
+        (dict(placement=ONE_DEVICE, replay_buffer_kwargs=dict(tree="numpy")), ValueError, "both choose the tree"),
     ],
 )
 def test_bad_mappings_raise_clear_errors(kwargs: dict, error: type, match: str) -> None:
@@ -211,31 +211,31 @@ def test_bad_mappings_raise_clear_errors(kwargs: dict, error: type, match: str) 
 
 @pytest.mark.skipif(th.cuda.is_available(), reason="checks the error of a machine without CUDA")
 def test_absent_cuda_is_reported_at_model_construction_naming_the_primitive() -> None:
-    mapping = Mapping(sample="cuda", update="cuda", storage="cuda", tree="torch", check=False)  # described, unchecked
+    placement = Placement(sample="cuda", update="cuda", storage="cuda", tree="torch", check=False)  # described, unchecked
     with pytest.raises(DeviceUnavailableError, match="^sample: 'cuda:0' requested, but this machine has no CUDA"):
-        PERDQN("MlpPolicy", "CartPole-v1", mapping=mapping, **small())
+        PERDQN("MlpPolicy", "CartPole-v1", placement=placement, **small())
     with pytest.raises(DeviceUnavailableError, match="^sample: 'cuda:0' requested"):
-        PrioritizedReplayBuffer(64, OBS, ACT, mapping=mapping)
+        PrioritizedReplayBuffer(64, OBS, ACT, placement=placement)
 
 
 @pytest.mark.skipif(th.cuda.is_available(), reason="checks the error of a machine without CUDA")
 def test_absent_cuda_is_reported_when_loading_a_model_onto_a_gpu_mapping(tmp_path) -> None:
-    PERDQN("MlpPolicy", "CartPole-v1", mapping=ONE_DEVICE, **small()).save(tmp_path / "model")
+    PERDQN("MlpPolicy", "CartPole-v1", placement=ONE_DEVICE, **small()).save(tmp_path / "model")
     with pytest.raises(DeviceUnavailableError, match="^inference: 'cuda:0' requested"):
-        PERDQN.load(tmp_path / "model", mapping=Mapping.gpu(check=False))
+        PERDQN.load(tmp_path / "model", placement=Placement.gpu(check=False))
 
 
 def test_the_buffer_rejects_a_device_other_than_the_learners() -> None:
-    with pytest.raises(ValueError, match="device 'meta' is not the mapping's learner device 'cpu'"):
-        PrioritizedReplayBuffer(64, OBS, ACT, device="meta", mapping=ONE_DEVICE)
-    assert PrioritizedReplayBuffer(64, OBS, ACT, mapping=ONE_DEVICE).device == th.device("cpu")  # "auto"
+    with pytest.raises(ValueError, match="device 'meta' is not the placement's learner device 'cpu'"):
+        PrioritizedReplayBuffer(64, OBS, ACT, device="meta", placement=ONE_DEVICE)
+    assert PrioritizedReplayBuffer(64, OBS, ACT, placement=ONE_DEVICE).device == th.device("cpu")  # "auto"
 
 
 # -- save and load ------------------------------------------------------------------------------------
 
 
 def test_save_and_load_model_keep_the_mapping(tmp_path) -> None:
-    model = PERDQN("MlpPolicy", "CartPole-v1", mapping=ONE_DEVICE, learning_starts=50, **small())
+    model = PERDQN("MlpPolicy", "CartPole-v1", placement=ONE_DEVICE, learning_starts=50, **small())
     model.learn(200)
     model.save(tmp_path / "model")
     loaded = PERDQN.load(tmp_path / "model", env=make_vec_env("CartPole-v1", seed=1))
@@ -244,16 +244,16 @@ def test_save_and_load_model_keep_the_mapping(tmp_path) -> None:
     np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
     loaded.learn(200)
     assert_prioritized(loaded)
-    # load places a model anew when given another mapping
-    host = PERDQN.load(tmp_path / "model", env=make_vec_env("CartPole-v1", seed=1), mapping=Mapping.cpu())
-    assert host.mapping == Mapping.cpu() and type(host.replay_buffer.replay) is PrioritizedReplay
+    # load places a model anew when given another placement
+    host = PERDQN.load(tmp_path / "model", env=make_vec_env("CartPole-v1", seed=1), placement=Placement.cpu())
+    assert host.placement == Placement.cpu() and type(host.replay_buffer.replay) is PrioritizedReplay
 
 
 def test_save_and_load_replay_buffer_keep_the_placement(tmp_path) -> None:
-    model = PERDQN("MlpPolicy", "CartPole-v1", mapping=ONE_DEVICE, learning_starts=50, **small())
+    model = PERDQN("MlpPolicy", "CartPole-v1", placement=ONE_DEVICE, learning_starts=50, **small())
     model.learn(200)
     model.save_replay_buffer(tmp_path / "buffer")
-    other = PERDQN("MlpPolicy", "CartPole-v1", mapping=ONE_DEVICE, learning_starts=50, **small())
+    other = PERDQN("MlpPolicy", "CartPole-v1", placement=ONE_DEVICE, learning_starts=50, **small())
     other.load_replay_buffer(tmp_path / "buffer")
     assert_one_device_placement(other)
     a, b = model.replay_buffer, other.replay_buffer
@@ -266,21 +266,21 @@ def test_save_and_load_replay_buffer_keep_the_placement(tmp_path) -> None:
 
 
 def test_a_buffer_delivering_to_another_device_is_refused_and_the_current_one_kept(tmp_path) -> None:
-    model = PERDQN("MlpPolicy", "CartPole-v1", mapping=ONE_DEVICE, learning_starts=50, **small())
+    model = PERDQN("MlpPolicy", "CartPole-v1", placement=ONE_DEVICE, learning_starts=50, **small())
     model.learn(60)
     buf = model.replay_buffer  # re-placed by hand: its batches would go to the "meta" device
     buf._replay = PrioritizedReplay.from_state_dict(
         buf.replay.state_dict(), tree="torch", tree_device="cpu", storage="cpu", device="meta"
     )
     model.save_replay_buffer(tmp_path / "buffer")
-    other = PERDQN("MlpPolicy", "CartPole-v1", mapping=ONE_DEVICE, **small())
+    other = PERDQN("MlpPolicy", "CartPole-v1", placement=ONE_DEVICE, **small())
     current = other.replay_buffer
     with pytest.raises(ValueError, match="the loaded buffer delivers batches to 'meta', but PERDQN trains on 'cpu'"):
         other.load_replay_buffer(tmp_path / "buffer")
     assert other.replay_buffer is current
 
 
-# -- the buffer under a mapping: the same batches as without one ------------------------------------------
+# -- the buffer under a placement: the same batches as without one ------------------------------------------
 
 
 def obs_of(k: np.ndarray) -> np.ndarray:
@@ -297,10 +297,10 @@ def fill(buf: PrioritizedReplayBuffer, rows: int) -> None:
 
 
 def twins(**kwargs) -> tuple[PrioritizedReplayBuffer, PrioritizedReplayBuffer]:
-    """The same buffer without a mapping and under ``ONE_DEVICE``, same seed."""
+    """The same buffer without a placement and under ``ONE_DEVICE``, same seed."""
     return (
         PrioritizedReplayBuffer(64, OBS, ACT, device="cpu", seed=0, **kwargs),
-        PrioritizedReplayBuffer(64, OBS, ACT, seed=0, mapping=ONE_DEVICE, **kwargs),
+        PrioritizedReplayBuffer(64, OBS, ACT, seed=0, placement=ONE_DEVICE, **kwargs),
     )
 
 
@@ -354,7 +354,7 @@ def test_a_mapped_buffer_with_optimize_memory_usage() -> None:
 
 def test_a_mapped_dict_buffer() -> None:
     obs_space = spaces.Dict({"pos": spaces.Box(-1, 1, (2,), np.float32), "cell": spaces.Discrete(5)})
-    buf = DictPrioritizedReplayBuffer(32, obs_space, spaces.Discrete(3), n_envs=2, seed=0, mapping=ONE_DEVICE)
+    buf = DictPrioritizedReplayBuffer(32, obs_space, spaces.Discrete(3), n_envs=2, seed=0, placement=ONE_DEVICE)
     for row in range(4):
         k = row * 2 + np.arange(2)
         obs = {"pos": np.stack([k, -k], 1) / 10, "cell": k % 5}
@@ -369,7 +369,7 @@ def test_a_mapped_dict_buffer() -> None:
 
 
 def test_bad_updates_to_a_mapped_buffer_raise_and_change_nothing() -> None:
-    buf = PrioritizedReplayBuffer(64, OBS, ACT, seed=0, mapping=ONE_DEVICE)
+    buf = PrioritizedReplayBuffer(64, OBS, ACT, seed=0, placement=ONE_DEVICE)
     fill(buf, 10)
     before = buf.priorities().copy()
     with pytest.raises(ValueError, match="TD error at position 1 is nan"):

@@ -1,6 +1,6 @@
-"""Mappings in the Tianshou adapter: the tree placed by a ``Mapping``, the learner moved to its device.
+"""Placements in the Tianshou adapter: the tree placed by a ``Placement``, the learner moved to its device.
 
-Tianshou keeps transitions in its own NumPy ``Batch``, so a mapping places only
+Tianshou keeps transitions in its own NumPy ``Batch``, so a placement places only
 the priorities (the sum tree) and the learner; everything here runs on the CPU
 with the torch tree standing in for a device tree.
 """
@@ -27,12 +27,12 @@ from hetero_replay.adapters.tianshou import (  # noqa: E402
     PEROffPolicyWrapper,
 )
 from hetero_replay.apps.compare.tianshou_runs import HYPERPARAMS, make_algorithm  # noqa: E402
-from hetero_replay.mapping import DeviceUnavailableError, Mapping  # noqa: E402
+from hetero_replay.placement import DeviceUnavailableError, Placement  # noqa: E402
 from hetero_replay.trees.native_tree import NativeSumTree  # noqa: E402
 from hetero_replay.trees.torch_tree import TorchSumTree  # noqa: E402
 
 #: The torch tree on the CPU; transitions stay in Tianshou's storage on the host.
-TORCH_TREE = Mapping(tree="torch")
+TORCH_TREE = Placement(tree="torch")
 
 
 def obs_of(k: np.ndarray) -> np.ndarray:
@@ -57,11 +57,11 @@ def test_dqn_run_with_a_torch_tree_mapping() -> None:
     algorithm = PEROffPolicyWrapper(
         wrapped_algorithm=make_algorithm("dqn", gym.make("CartPole-v1"), HYPERPARAMS["dqn"]),
         beta=LinearBetaSchedule(0.4, 1.0, 100),
-        mapping=TORCH_TREE,
+        placement=TORCH_TREE,
     )
-    buf = HeteroPrioritizedVectorReplayBuffer(5000, 2, random_seed=0, mapping=TORCH_TREE)
+    buf = HeteroPrioritizedVectorReplayBuffer(5000, 2, random_seed=0, placement=TORCH_TREE)
     assert isinstance(buf.priority_tree, TorchSumTree) and buf.priority_tree.device == torch.device("cpu")
-    assert algorithm.mapping == buf.mapping == TORCH_TREE
+    assert algorithm.placement == buf.placement == TORCH_TREE
     assert all(p.device == torch.device("cpu") for p in algorithm.parameters())
     collector = Collector[CollectStats](algorithm, envs, buf, exploration_noise=True)
     collector.reset()
@@ -84,13 +84,13 @@ def test_dqn_run_with_a_torch_tree_mapping() -> None:
     leaves = buf.priority_tree.leaves()
     assert np.all(leaves[stored] > 0) and len(np.unique(leaves[stored])) > 100  # TD errors were fed back
     loaded = pickle.loads(pickle.dumps(buf))  # keeps its placement
-    assert isinstance(loaded.priority_tree, TorchSumTree) and loaded.mapping == TORCH_TREE
+    assert isinstance(loaded.priority_tree, TorchSumTree) and loaded.placement == TORCH_TREE
     np.testing.assert_array_equal(loaded.priority_tree.leaves(), leaves)
     np.testing.assert_array_equal(loaded.sample_indices(16), buf.sample_indices(16))
 
 
 def test_a_torch_tree_samples_what_the_native_tree_samples() -> None:
-    native, mapped = filled(), filled(mapping=TORCH_TREE)
+    native, mapped = filled(), filled(placement=TORCH_TREE)
     assert isinstance(native.priority_tree, NativeSumTree) and isinstance(mapped.priority_tree, TorchSumTree)
     stored = np.sort(native.sample_indices(0))
     td = np.random.default_rng(0).exponential(1.0, len(stored))
@@ -104,7 +104,7 @@ def test_a_torch_tree_samples_what_the_native_tree_samples() -> None:
 
 
 def test_td_errors_reach_a_device_tree_as_tensors(monkeypatch) -> None:
-    buf = filled(mapping=TORCH_TREE)
+    buf = filled(placement=TORCH_TREE)
     _, indices = buf.sample(16)
     td = torch.linspace(-2.0, 2.0, 16)
     tree = buf.priority_tree
@@ -123,7 +123,7 @@ def test_td_errors_reach_a_device_tree_as_tensors(monkeypatch) -> None:
 
 
 def test_bad_td_errors_to_a_device_tree_raise_and_change_nothing() -> None:
-    buf = filled(mapping=TORCH_TREE)
+    buf = filled(placement=TORCH_TREE)
     before = buf.priority_tree.leaves()
     with pytest.raises(ValueError, match="TD error at position 1 is nan"):
         buf.update_weight(np.array([0, 1]), torch.tensor([1.0, float("nan")]))
@@ -135,9 +135,9 @@ def test_bad_td_errors_to_a_device_tree_raise_and_change_nothing() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        (dict(mapping="torch"), TypeError, "mapping must be a hetero_replay.mapping.Mapping, got str"),
-        (dict(mapping=TORCH_TREE, backend="numpy"), ValueError, "both choose the tree backend"),
-        (dict(mapping=Mapping(storage="cpu")), ValueError, "storage must be 'host', got 'cpu'"),
+        (dict(placement="torch"), TypeError, "placement must be a hetero_replay.placement.Placement, got str"),
+        (dict(placement=TORCH_TREE, backend="numpy"), ValueError, "both choose the tree backend"),
+        (dict(placement=Placement(storage="cpu")), ValueError, "storage must be 'host', got 'cpu'"),
     ],
 )
 def test_bad_buffer_mappings_raise_clear_errors(kwargs: dict, error: type, match: str) -> None:
@@ -149,19 +149,19 @@ def test_bad_buffer_mappings_raise_clear_errors(kwargs: dict, error: type, match
 
 def test_bad_wrapper_mappings_raise_clear_errors() -> None:
     dqn = make_algorithm("dqn", gym.make("CartPole-v1"), HYPERPARAMS["dqn"])
-    with pytest.raises(TypeError, match="mapping must be a hetero_replay.mapping.Mapping"):
-        PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, mapping="cuda")
+    with pytest.raises(TypeError, match="placement must be a hetero_replay.placement.Placement"):
+        PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, placement="cuda")
     with pytest.raises(
         ValueError, match="Tianshou acts and trains with one policy.*inference on 'cuda:0' and train on 'cpu'"
     ):
-        PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, mapping=Mapping(inference="cuda", check=False))
+        PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, placement=Placement(inference="cuda", check=False))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the errors of a machine without CUDA")
 def test_absent_cuda_is_reported_naming_the_primitive() -> None:
-    tree_on_gpu = Mapping(sample="cuda", update="cuda", check=False)
+    tree_on_gpu = Placement(sample="cuda", update="cuda", check=False)
     with pytest.raises(DeviceUnavailableError, match="^sample: 'cuda:0' requested"):
-        HeteroPrioritizedVectorReplayBuffer(100, 2, mapping=tree_on_gpu)
+        HeteroPrioritizedVectorReplayBuffer(100, 2, placement=tree_on_gpu)
     dqn = make_algorithm("dqn", gym.make("CartPole-v1"), HYPERPARAMS["dqn"])
     with pytest.raises(DeviceUnavailableError, match="^inference: 'cuda:0' requested"):
-        PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, mapping=Mapping.gpu(check=False))
+        PEROffPolicyWrapper(wrapped_algorithm=dqn, beta=0.4, placement=Placement.gpu(check=False))
