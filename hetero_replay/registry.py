@@ -181,6 +181,10 @@ class StorageSpec(_Spec):
     #: Chosen by a device name (``storage="cuda:1"`` goes to the storage whose devices include it)
     #: rather than by its own name.
     device_placement: bool = False
+    #: Whether a buffer on it can deliver batches to a learner's torch device (``device=``). Storages
+    #: that serve only rows checked whole on the host (the rings other processes write) say ``False``,
+    #: so the device is refused before the storage is built.
+    device_batches: bool = True
 
 
 _lock = threading.RLock()
@@ -261,6 +265,7 @@ def register_storage(
     device_placement: bool = False,
     threaded: bool = False,
     override: bool = False,
+    device_batches: bool = True,
 ) -> StorageSpec:
     """Register a storage under ``name``.
 
@@ -273,6 +278,8 @@ def register_storage(
         device_placement: chosen by a device name of ``devices`` instead of
             ``name`` (the built-in ``"torch"`` storage takes ``storage="cuda:1"``).
 
+        device_batches: whether its buffers may deliver batches to a learner's
+            device (see :attr:`StorageSpec.device_batches`).
     Returns:
         The registered :class:`StorageSpec`.
     """
@@ -281,6 +288,7 @@ def register_storage(
         device_placement=bool(device_placement),
         threaded=bool(threaded),
     )
+        device_batches=bool(device_batches),
     _add(_storages, spec, override)
     return spec
 

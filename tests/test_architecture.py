@@ -24,8 +24,7 @@ LAYERS = [
         "hetero_replay.trees",
         "hetero_replay.fpga",
         "hetero_replay.storage",
-        "hetero_replay.checkpoint",
-    ),  # checkpoint: the file format
+    ),  # storage includes the file format (storage.checkpoint)
     ("hetero_replay.options",),
     ("hetero_replay.priorities",),
     ("hetero_replay.replay", "hetero_replay.torch_batches"),

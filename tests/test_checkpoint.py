@@ -9,7 +9,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from hetero_replay import PrioritizedReplay, ReplayFileError, checkpoint
+from hetero_replay import PrioritizedReplay, ReplayFileError
+from hetero_replay.storage import checkpoint
 from tests.conftest import SCHEMA, make_batch
 from tests.test_replay import assert_unchanged, snapshot
 

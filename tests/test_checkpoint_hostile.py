@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hetero_replay import checkpoint
-from hetero_replay.checkpoint import ReplayFileError
+from hetero_replay.storage import checkpoint
+from hetero_replay.storage.checkpoint import ReplayFileError
 from hetero_replay.replay import PrioritizedReplay
 from tests.conftest import SCHEMA, make_batch
 

@@ -4,7 +4,7 @@ The protocol checks of ``tests/test_shared_storage.py`` (actor processes,
 writers SIGKILLed mid-add, refused batches) run here over the row file. Then
 what only a disk buffer has: a learner SIGKILLed while adding, reopened at its
 last durable point (nothing durable lost, nothing torn, adding goes on from
-there); the rules of ``reopen``/``resume``; and its options. Every buffer lives
+there); the rules of ``reopen`` (the method and the storage option); and its options. Every buffer lives
 under ``tmp_path``; every test ends by checking that only the buffers' own
 files (``ring.ctl``, ``rows.dat``, ``state.hrp``) are left.
 """
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from hetero_replay import PrioritizedReplay
-from hetero_replay.checkpoint import ReplayFileError, read
+from hetero_replay.storage.checkpoint import ReplayFileError, read
 from hetero_replay.storage.disk import CONTROL_FILE, ROW_FILE, STATE_FILE
 from hetero_replay.storage.ring import RingClosedError, RingControl
 from tests.test_shared_storage import (
@@ -254,7 +254,7 @@ def test_reopen_refuses_what_is_not_a_buffer(disk_store, tmp_path):
     assert (disk_store.path / STATE_FILE).exists()
 
 
-def test_path_holding_a_buffer_needs_resume(disk_store):
+def test_path_holding_a_buffer_needs_reopen(disk_store):
     """A new buffer at a path holding one: ValueError, the files untouched."""
     buf = disk_store.make(16)
     buf.add(rows_with_ids([1, 2]))
@@ -263,29 +263,29 @@ def test_path_holding_a_buffer_needs_resume(disk_store):
     with pytest.raises(ValueError, match="holds a replay buffer already"):
         disk_store.make(16)
     with pytest.raises(ValueError, match="holds a replay buffer already"):
-        disk_store.make(16, resume=False)
+        disk_store.make(16, reopen=False)
     assert {name: (disk_store.path / name).read_bytes() for name in DISK_FILES} == files
 
 
 @pytest.mark.parametrize("change", ["capacity", "schema"])
-def test_resume_with_another_capacity_or_schema_is_refused(disk_store, change):
-    """resume=True with a capacity or schema not the buffer's: ValueError, the files untouched."""
+def test_reopen_flag_with_another_capacity_or_schema_is_refused(disk_store, change):
+    """reopen=True with a capacity or schema not the buffer's: ValueError, the files untouched."""
     buf = disk_store.make(16)
     buf.add(rows_with_ids([1, 2]))
     buf.close()
     files = {name: (disk_store.path / name).read_bytes() for name in DISK_FILES}
     capacity, schema = (32, SCHEMA) if change == "capacity" else (16, SMALL_SCHEMA)
     with pytest.raises(ValueError, match="capacity"):
-        disk_store.make(capacity, schema=schema, resume=True)
+        disk_store.make(capacity, schema=schema, reopen=True)
     assert {name: (disk_store.path / name).read_bytes() for name in DISK_FILES} == files
-    again = disk_store.make(16, resume=True)
+    again = disk_store.make(16, reopen=True)
     assert len(again) == 2
 
 
-def test_resume_without_a_buffer_is_refused(disk_store):
-    """resume=True at a path that holds no buffer: ValueError."""
+def test_reopen_flag_without_a_buffer_is_refused(disk_store):
+    """reopen=True at a path that holds no buffer: ValueError."""
     with pytest.raises(ValueError, match="holds no replay buffer"):
-        disk_store.make(16, resume=True)
+        disk_store.make(16, reopen=True)
 
 
 def test_reopen_while_an_actor_is_attached_names_it(disk_store):
@@ -365,9 +365,9 @@ def test_disk_needs_a_path(tmp_path):
         ("flush_every", True, TypeError),
         ("flush_seconds", float("nan"), ValueError),
         ("flush_seconds", 0, ValueError),
-        ("flush_seconds", "5", ValueError),
+        ("flush_seconds", "5", TypeError),
         ("ram_bytes", -1, ValueError),
-        ("resume", "yes", TypeError),
+        ("reopen", "yes", TypeError),
         ("colour", "blue", TypeError),
     ],
 )

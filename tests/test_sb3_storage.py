@@ -1,4 +1,4 @@
-"""SB3's PER algorithms on the storage service: a disk buffer survives kill -9 and training resumes from it."""
+"""SB3's PER algorithms on the storage service: a disk buffer survives kill -9 and training goes on from it."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ LEARNER = textwrap.dedent(
 )
 
 
-def test_perdqn_resumes_from_a_disk_buffer_after_kill_9(tmp_path):
-    """A learner killed mid-training leaves a buffer that a new PERDQN reopens (resume=True) and trains on."""
+def test_perdqn_goes_on_from_a_reopened_disk_buffer_after_kill_9(tmp_path):
+    """A learner killed mid-training leaves a buffer that a new PERDQN reopens (reopen=True) and trains on."""
     path = tmp_path / "replay"
     child = subprocess.Popen([sys.executable, "-c", LEARNER, str(path)], stdout=subprocess.PIPE, text=True)
     durable = 0
@@ -64,7 +64,7 @@ def test_perdqn_resumes_from_a_disk_buffer_after_kill_9(tmp_path):
         learning_starts=0,
         train_freq=4,
         seed=1,
-        replay_buffer_kwargs=dict(storage="disk", storage_options=dict(path=str(path), resume=True)),
+        replay_buffer_kwargs=dict(storage="disk", storage_options=dict(path=str(path), reopen=True)),
     )
     buf = model.replay_buffer
     assert isinstance(buf, PrioritizedReplayBuffer)

@@ -32,9 +32,9 @@ from hetero_replay import PEROptions, PrioritizedReplay  # noqa: E402
 from hetero_replay.adapters.tianshou import (  # noqa: E402
     HeteroPrioritizedReplayBuffer,
     HeteroPrioritizedVectorReplayBuffer,
-    durable,  # noqa: E402
 )
-from hetero_replay.checkpoint import ReplayFileError, read, write  # noqa: E402
+from hetero_replay.storage import durable  # noqa: E402
+from hetero_replay.storage.checkpoint import ReplayFileError, read, write  # noqa: E402
 
 ENVS = 4
 Buffer = HeteroPrioritizedReplayBuffer | HeteroPrioritizedVectorReplayBuffer
@@ -167,16 +167,16 @@ def test_reopened_buffer_goes_on_writing_durable_points_to_the_same_file(tmp_pat
     buf = make("vector", 400, path, flush_every=8)  # a point every second step of 4 envs
     for step in range(5):  # points at 8 and 16 transitions; the fifth step is lost
         add_step(buf, step)
-    assert header_of(path)["tianshou"]["durable"] == dict(flush_every=8, flush_seconds=60.0, points=3, added=16)
+    assert header_of(path)["durable"] == dict(flush_every=8, flush_seconds=60.0, points=3, added=16)
     reopened = HeteroPrioritizedVectorReplayBuffer.reopen(path)
     assert len(reopened) == 16 and reopened.durable_path == path
     assert sorted(reopened[reopened.sample_indices(0)].act) == list(range(1, 17))
     for step in range(4, 6):
         add_step(reopened, step)
-    assert header_of(path)["tianshou"]["durable"]["added"] == 24
+    assert header_of(path)["durable"]["added"] == 24
     again = HeteroPrioritizedVectorReplayBuffer.reopen(path, flush_every=4)
     assert_same_state(reopened, again)
-    assert again._durable.flush_every == 4
+    assert again._durable.schedule.flush_every == 4
     assert files_in(tmp_path) == ["buf.hr"]
 
 
@@ -200,17 +200,17 @@ def test_flush_every_counts_transitions_and_flush_seconds_is_checked_on_add(
     path = tmp_path / "buf.hr"
     buf = make("vector", 400, path, flush_every=6, flush_seconds=30.0)
     add_step(buf, 0)  # 4 transitions: not yet
-    assert header_of(path)["tianshou"]["durable"]["added"] == 0
+    assert header_of(path)["durable"]["added"] == 0
     add_step(buf, 1)  # 8 >= 6
-    assert header_of(path)["tianshou"]["durable"]["added"] == 8
+    assert header_of(path)["durable"]["added"] == 8
     now[0] += 29.0
     add_step(buf, 2)
-    assert header_of(path)["tianshou"]["durable"]["added"] == 8
+    assert header_of(path)["durable"]["added"] == 8
     now[0] += 1.0  # 30 s since the last point, 4 transitions since
     add_step(buf, 3)
-    assert header_of(path)["tianshou"]["durable"] == dict(flush_every=6, flush_seconds=30.0, points=3, added=16)
+    assert header_of(path)["durable"] == dict(flush_every=6, flush_seconds=30.0, points=3, added=16)
     now[0] += 100.0  # time alone writes nothing: an idle buffer has nothing new to lose
-    assert header_of(path)["tianshou"]["durable"]["points"] == 3
+    assert header_of(path)["durable"]["points"] == 3
 
 
 def test_nested_observations_vector_rewards_and_storage_options_round_trip(tmp_path: Path) -> None:
@@ -262,15 +262,15 @@ CHILD = textwrap.dedent(
     import sys, time
     import numpy as np
     from tianshou.data import Batch
-    from hetero_replay import checkpoint
+    from hetero_replay.storage import checkpoint
     from hetero_replay.adapters.tianshou import HeteroPrioritizedVectorReplayBuffer
 
     path, hang_after = sys.argv[1], int(sys.argv[2])
     if hang_after >= 0:  # from that point on, a write stops half-way, with its temporary open
         real = checkpoint.np.lib.format.write_array
         def write_array(f, arr, **kw):
-            if "buf" in globals() and buf._durable.points >= hang_after:
-                print("hanging", buf._durable.points, flush=True)
+            if "buf" in globals() and buf._durable.schedule.points >= hang_after:
+                print("hanging", buf._durable.schedule.points, flush=True)
                 time.sleep(120)
             real(f, arr, **kw)
         checkpoint.np.lib.format.write_array = write_array
@@ -283,9 +283,9 @@ CHILD = textwrap.dedent(
                             terminated=k % 5 == 0, truncated=np.zeros(4, bool),
                             obs_next=np.repeat(k[:, None], 3, 1) + 0.5, info=Batch(k=k)))[0]
         buf.update_weight(ptr, k % 7 + 0.25)
-        if buf._durable.points != points:
-            points = buf._durable.points
-            print("point", points, buf._durable.added, flush=True)
+        if buf._durable.schedule.points != points:
+            points = buf._durable.schedule.points
+            print("point", points, buf._durable.schedule.added, flush=True)
         if time.monotonic() > deadline:
             sys.exit(3)
     """
@@ -323,7 +323,7 @@ def run_and_kill(path: Path, hang_after: int, kill_after_points: int) -> int:
 
 def assert_a_durable_point(buf: HeteroPrioritizedVectorReplayBuffer) -> int:
     """The reopened state is one the child's schedule wrote; returns the transitions added by then."""
-    added = buf._durable.added
+    added = buf._durable.schedule.added
     assert added % 12 == 0 and added > 0, "a durable point is written every 12 transitions"
     steps = added // ENVS
     kept = min(steps, 25)  # 25 slots per env
@@ -410,9 +410,9 @@ def test_dqn_cartpole_training_resumes_from_a_reopened_buffer(tmp_path: Path) ->
     path = tmp_path / "buf.hr"
     first = HeteroPrioritizedVectorReplayBuffer(4000, 2, random_seed=0, durable_path=path, flush_every=32)
     train(first, 300)
-    assert header_of(path)["tianshou"]["durable"]["points"] > 1
-    point = header_of(path)["tianshou"]["durable"]["added"]
-    assert 0 < point <= first._durable.added
+    assert header_of(path)["durable"]["points"] > 1
+    point = header_of(path)["durable"]["added"]
+    assert 0 < point <= first._durable.schedule.added
     del first  # the learner is gone
 
     reopened = HeteroPrioritizedVectorReplayBuffer.reopen(path)
@@ -432,7 +432,7 @@ def test_dqn_cartpole_training_resumes_from_a_reopened_buffer(tmp_path: Path) ->
         np.testing.assert_array_equal(mine, np.arange(lo, lo + len(mine)))
     leaves = reopened.priority_tree.leaves()
     assert np.count_nonzero(leaves) == len(reopened) and len(np.unique(leaves[stored])) > 2  # TD errors fed back
-    assert header_of(path)["tianshou"]["durable"]["added"] > point  # and it keeps writing durable points
+    assert header_of(path)["durable"]["added"] > point  # and it keeps writing durable points
     assert files_in(tmp_path) == ["buf.hr"]
 
 
@@ -451,7 +451,7 @@ def test_dqn_cartpole_training_resumes_from_a_reopened_buffer(tmp_path: Path) ->
         (dict(flush_every=-5), ValueError, "flush_every"),
         (dict(flush_every=1.5), TypeError, "flush_every must be an integer"),
         (dict(flush_every=True), TypeError, "flush_every"),
-        (dict(flush_seconds=-1), ValueError, "flush_seconds must be finite and > 0"),
+        (dict(flush_seconds=-1), ValueError, "flush_seconds must be > 0"),
         (dict(flush_seconds=0), ValueError, "flush_seconds"),
         (dict(flush_seconds=math.nan), ValueError, "flush_seconds"),
         (dict(flush_seconds=math.inf), ValueError, "flush_seconds"),
@@ -502,11 +502,11 @@ def test_refused_add_neither_counts_nor_writes(tmp_path: Path) -> None:
     for _ in range(3):
         with pytest.raises(ValueError, match="rew"):
             buf.add(bad)
-    assert path.read_bytes() == before_file and buf._durable.pending == 4
+    assert path.read_bytes() == before_file and buf._durable.schedule.pending == 4
     assert_same_state(HeteroPrioritizedVectorReplayBuffer.reopen(path), make("vector", 40, None))
     assert_states_equal(before, state_of(buf))
     add_step(buf, 1)  # 8 transitions: the first point since the empty one
-    assert header_of(path)["tianshou"]["durable"]["added"] == 8
+    assert header_of(path)["durable"]["added"] == 8
 
 
 def test_values_a_durable_point_cannot_hold_are_refused_at_the_add(tmp_path: Path) -> None:
@@ -517,7 +517,7 @@ def test_values_a_durable_point_cannot_hold_are_refused_at_the_add(tmp_path: Pat
     step.info = Batch(name=np.array(["a", "b", "c", "d"]))  # text
     with pytest.raises(TypeError, match=r"info\.name: a buffer with durable_path stores NumPy arrays"):
         buf.add(step)
-    assert len(buf) == 0 and not buf._meta.get_keys() and buf._durable.pending == 0
+    assert len(buf) == 0 and not buf._meta.get_keys() and buf._durable.schedule.pending == 0
     assert path.read_bytes() == before_file
     add_step(buf, 0)
     step = rows_of(np.arange(5, 9))
@@ -537,7 +537,7 @@ def test_copies_write_no_durable_points(tmp_path: Path) -> None:
         add_step(clone, 1)
         with pytest.raises(RuntimeError, match="no durable_path"):
             clone.flush()
-    assert header_of(path)["tianshou"]["durable"]["added"] == 4
+    assert header_of(path)["durable"]["added"] == 4
     with pytest.raises(RuntimeError, match="no durable_path"):
         make("single", 4, None).flush()
 
@@ -566,13 +566,6 @@ def rewritten(path: Path, target: Path, change: Any) -> Path:
     return target
 
 
-def _set(section: str, key: str, value: Any) -> Any:
-    def change(header: dict, arrays: dict) -> None:
-        header["tianshou"][section][key] = value
-
-    return change
-
-
 @pytest.mark.parametrize(
     ("change", "match"),
     [
@@ -594,7 +587,8 @@ def _set(section: str, key: str, value: Any) -> Any:
         (lambda h, a: h["tianshou"]["storage_options"].update(stack_num=0), "stack_num"),
         (lambda h, a: h["config"].update(eps=0.0), "eps"),
         (lambda h, a: h.update(max_priority=1e300), "inconsistent"),
-        (_set("durable", "flush_every", 0), "flush_every"),
+        (lambda h, a: h["durable"].update(flush_every=0), "flush_every"),
+        (lambda h, a: h.pop("durable"), "not a durable point"),
     ],
 )
 def test_reopen_refuses_inconsistent_files_naming_them(change: Any, match: str, tmp_path: Path) -> None:

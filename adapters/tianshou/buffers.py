@@ -47,8 +47,9 @@ complete state (rows, episode counters, priorities, max priority, beta,
 generator states), atomically to that file every ``flush_every`` added
 transitions or ``flush_seconds`` seconds, whichever comes first, and
 ``reopen(path)`` rebuilds the buffer of the last durable point after the
-learner died, even by ``kill -9`` (:mod:`~hetero_replay.adapters.tianshou.durable`,
-docs/storage-tianshou.md). Each point writes the whole buffer: meant for
+learner died, even by ``kill -9`` (the storage layer's one scheme,
+:mod:`hetero_replay.storage.durable`; the buffer's own layout in
+:mod:`~hetero_replay.adapters.tianshou.layout`; docs/storage-tianshou.md). Each point writes the whole buffer: meant for
 buffers that fit in RAM.
 
 Placement: ``placement=`` (a :class:`hetero_replay.placement.Placement`) puts the tree
@@ -94,15 +95,15 @@ from tianshou.data.batch import IndexType
 from tianshou.data.types import PrioBatchProtocol, RolloutBatchProtocol
 from tianshou.data.utils.converter import to_hdf5
 
-from hetero_replay import UNSET, DeviceTree, PEROptions, Priorities, SumTree
-from hetero_replay.adapters.tianshou import durable
-from hetero_replay.adapters.tianshou.durable import DurableSchedule
+from hetero_replay import UNSET, DeviceTree, PEROptions, Priorities, ReplayFileError, SumTree
+from hetero_replay.adapters.tianshou import layout
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer, add_rows, storable
 from hetero_replay.adapters.tianshou.staging import Staged, commit, stage
-from hetero_replay.checkpoint import ReplayFileError, remove_stale_temporaries
+from hetero_replay.checks import MAX_BATCH, check_bool, check_int, check_seed
 from hetero_replay.forksafe import OUTER, ForkSafeLock, holding
 from hetero_replay.options import check_batch_size
 from hetero_replay.placement import HOST, Placement
+from hetero_replay.storage.durable import DurableFile, FlushSchedule, check_path
 from hetero_replay.priorities import Normalise
 
 #: The keys ``ReplayBuffer.__getitem__`` always returns (filled with empty Batches if not stored).
@@ -273,7 +274,7 @@ class _TreePriorities:
     _rng: np.random.Generator
     _lock: ForkSafeLock
     #: Where and when durable points are written; ``None``: never (also for pickled and deep copies).
-    _durable: DurableSchedule | None = None
+    _durable: DurableFile | None = None
     #: The kind of buffer a durable file records ("single" or "vector"), so each class reopens only its own.
     _DURABLE_KIND: str
 
@@ -393,7 +394,7 @@ class _TreePriorities:
                 ``flush_seconds``: as in the constructor.
 
         Raises:
-            hetero_replay.checkpoint.ReplayFileError: ``path`` is damaged,
+            hetero_replay.ReplayFileError: ``path`` is damaged,
                 truncated, inconsistent, of another format, or holds the other
                 buffer class (the message names the path).
             OSError: ``path`` cannot be opened (``FileNotFoundError`` if missing).
@@ -401,14 +402,12 @@ class _TreePriorities:
                 override, or an override of the wrong type.
             ValueError: an override out of range.
         """
-        unknown = sorted(set(overrides) - set(durable.OVERRIDES))
+        unknown = sorted(set(overrides) - set(layout.OVERRIDES))
         if unknown:
-            raise TypeError(f"reopen() takes the overrides {list(durable.OVERRIDES)}, got {unknown}")
-        path = durable.check_path(path, "path")
-        every = durable.check_flush_every(overrides["flush_every"]) if "flush_every" in overrides else None
-        seconds = durable.check_flush_seconds(overrides["flush_seconds"]) if "flush_seconds" in overrides else None
-        remove_stale_temporaries(path)  # of a write the crash interrupted (their writers are dead)
-        image = durable.decode(path, cls._DURABLE_KIND)
+            raise TypeError(f"reopen() takes the overrides {list(layout.OVERRIDES)}, got {unknown}")
+        path = check_path(path, "path")
+        image = layout.decode(path, cls._DURABLE_KIND)
+        schedule = FlushSchedule.reopened(image.header, overrides.get("flush_every"), overrides.get("flush_seconds"))
         options = image.options
         if "backend" in overrides:
             options = options.replace(tree=overrides["backend"])
@@ -419,37 +418,31 @@ class _TreePriorities:
         except MemoryError as e:
             raise ReplayFileError(f"{path}: a buffer of {image.maxsize} transitions does not fit here ({e})") from e
         try:
-            durable.restore(buffer, image)
+            layout.restore(buffer, image)
         except (TypeError, ValueError, IndexError) as e:
             raise ReplayFileError(f"{path}: inconsistent durable Tianshou buffer ({e})") from e
-        buffer._durable = DurableSchedule(
-            path,
-            image.flush_every if every is None else every,
-            image.flush_seconds if seconds is None else seconds,
-            points=image.points,
-            added=image.added,
-        )
+        buffer._durable = DurableFile(path, schedule)
         return buffer
 
     @classmethod
-    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, placement: Placement | None) -> Self:
+    def _rebuild(cls, image: layout.DurableImage, options: PEROptions, placement: Placement | None) -> Self:
         """A new, empty buffer with ``image``'s size and options, ``restore`` fills it."""
         raise NotImplementedError
 
-    def _start_durable(self, schedule: DurableSchedule | None) -> None:
-        """Take the checked ``schedule``; the first durable point (the empty buffer) claims its path at once.
+    def _start_durable(self, durable: DurableFile | None) -> None:
+        """Take the checked ``durable`` file; the first durable point (the empty buffer) claims its path at once.
 
         Writing it now also makes an unwritable path fail here, not at an ``add`` hours later.
         """
-        self._durable = schedule
-        if schedule is not None:
+        self._durable = durable
+        if durable is not None:
             with self._lock:
                 self._write_durable_point()
 
     def _check_durable_rows(self, staged: Staged) -> None:
         """Before an add writes: refuse new storage keys a durable point could not hold (changing nothing)."""
         if self._durable is not None and staged.grows:
-            durable.check_storable(staged.rows)
+            layout.check_storable(staged.rows)
 
     def _added(self, n: int) -> None:
         """Count ``n`` transitions just added; write a durable point if one is due. Hold the lock.
@@ -457,16 +450,13 @@ class _TreePriorities:
         A failing write raises from the ``add`` whose transitions are already
         stored; the count is kept, so the next ``add`` tries again.
         """
-        schedule = self._durable
-        if schedule is not None and schedule.count(n):
+        if self._durable is not None and self._durable.schedule.count(n):
             self._write_durable_point()
 
     def _write_durable_point(self) -> None:
-        """Write the whole buffer to the durable file and restart the schedule. Hold the lock."""
-        schedule = cast(DurableSchedule, self._durable)
-        header, arrays = durable.encode(self, self._DURABLE_KIND, schedule)
-        durable.write(schedule.path, header, arrays)
-        schedule.written()
+        """Write the whole buffer to the durable file; the schedule starts again. Hold the lock."""
+        durable = cast(DurableFile, self._durable)
+        durable.write(*layout.encode(self, self._DURABLE_KIND))
 
     # -- Tianshou's PrioritizedReplayBuffer interface ---------------------------------------
 
@@ -906,15 +896,15 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
         size = _count(size, "size")
         per = dict(alpha=alpha, beta=beta, eps=eps, tree=backend, fanout=fanout, stratified=stratified)
         options = _check_arguments(options, per, weight_norm, random_seed, kwargs)
-        schedule = durable.check_schedule(durable_path, flush_every, flush_seconds)
+        durable = DurableFile.new(durable_path, flush_every, flush_seconds)
         # Not PrioritizedReplayBuffer.__init__: it builds (and JIT-compiles) a numba
         # SegmentTree that the priorities below replace.
         ReplayBuffer.__init__(self, size, random_seed=_legacy_seed(random_seed), **kwargs)
         self._init_priorities(size, options, weight_norm, random_seed, placement)
-        self._start_durable(schedule)
+        self._start_durable(durable)
 
     @classmethod
-    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, placement: Placement | None) -> Self:
+    def _rebuild(cls, image: layout.DurableImage, options: PEROptions, placement: Placement | None) -> Self:
         # random_seed=None: the file's generator states replace the fresh ones
         return cls(
             image.maxsize,
@@ -1060,7 +1050,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
             raise ValueError(f"total_size must be >= buffer_num={buffer_num}, got {total_size!r}")
         per = dict(alpha=alpha, beta=beta, eps=eps, tree=backend, fanout=fanout, stratified=stratified)
         options = _check_arguments(options, per, weight_norm, random_seed, kwargs)
-        schedule = durable.check_schedule(durable_path, flush_every, flush_seconds)
+        durable = DurableFile.new(durable_path, flush_every, flush_seconds)
         size = math.ceil(total_size / buffer_num)
         # Non-prioritized children: the manager keeps one tree for all of them, so
         # Tianshou's per-child SegmentTrees (built, then deleted) are never made.
@@ -1073,10 +1063,10 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         self._book = book
         self._random_state = np.random.RandomState(_legacy_seed(random_seed))
         self._init_priorities(self.maxsize, options, weight_norm, random_seed, placement)
-        self._start_durable(schedule)
+        self._start_durable(durable)
 
     @classmethod
-    def _rebuild(cls, image: durable.DurableImage, options: PEROptions, placement: Placement | None) -> Self:
+    def _rebuild(cls, image: layout.DurableImage, options: PEROptions, placement: Placement | None) -> Self:
         # maxsize is a multiple of buffer_num, so the sub-buffers get the file's size;
         # random_seed=None: the file's generator states replace the fresh ones
         return cls(

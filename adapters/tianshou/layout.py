@@ -1,47 +1,39 @@
-"""Durable points of the Tianshou buffers: the whole buffer, written atomically, to survive ``kill -9``.
+"""A Tianshou buffer in the common durable-point format: its ``Batch`` layout, to and from named arrays.
 
-A buffer built with ``durable_path=`` writes its complete state to that file
-every ``flush_every`` added transitions or ``flush_seconds`` seconds, whichever
-comes first (checked after each ``add``), and ``reopen(path)`` builds the buffer
-of the last durable point. This module holds the pieces the buffers share:
+The Tianshou buffers make durable points by the storage layer's one scheme
+(:mod:`hetero_replay.storage.durable`: when one is due, the atomic write, the
+read and its checks). This module only translates: a buffer's state into the
+core header and arrays every replay file has (config, size, position, max
+priority, generator state, ``storage/*`` arrays, ``priorities``), and back.
 
-* :class:`DurableSchedule` and :func:`check_schedule`: when to write, and the
-  checks of the constructor's three arguments;
-* :func:`encode`: a buffer's state as a header and named arrays for
-  :func:`hetero_replay.checkpoint.write` (atomic: temporary file, fsync,
-  rename, fsync of the directory; not pickle);
-* :func:`decode` and :func:`restore`: a file checked into plain values, then
+* :func:`encode`: a buffer's state as a header and named arrays;
+* :func:`decode` and :func:`restore`: a checked file into plain values, then
   poured into a freshly built buffer.
 
-The file is a :mod:`hetero_replay.checkpoint` file whose core part (config,
-size, position, max priority, generator state, ``storage/*`` arrays and
-``priorities``) passes :func:`~hetero_replay.checkpoint.read`'s checks; what
-only a Tianshou buffer has (the ``Batch`` layout, the sub-buffers' insertion
-and episode counters, Tianshou's legacy ``RandomState``, the buffer's
-constructor options) lives in the header's ``"tianshou"`` section. Only stored
-rows are written, in global slot order, with their slots in ``storage/slot``.
+What only a Tianshou buffer has (the ``Batch`` layout, the sub-buffers'
+insertion and episode counters, Tianshou's legacy ``RandomState``, the
+buffer's constructor options) lives in the header's ``"tianshou"`` section.
+Only stored rows are written, in global slot order, with their slots in
+``storage/slot``.
 
-A durable point writes the whole buffer, so its cost grows with what the buffer
-holds: meant for buffers that fit in RAM (the core engine's disk tier handles
-bigger ones incrementally).
+A durable point holds the whole buffer, so its cost grows with what the
+buffer holds: meant for buffers that fit in RAM (the core engine's ``"disk"``
+storage writes bigger ones incrementally).
 """
 
 from __future__ import annotations
 
-import math
-import os
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tianshou.data import Batch
 
-from hetero_replay import checkpoint
+from hetero_replay import PEROptions, ReplayFileError
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook
-from hetero_replay.checkpoint import ReplayFileError
-from hetero_replay.options import PEROptions
+from hetero_replay.checks import is_int
+from hetero_replay.storage.durable import DURABLE, read_point
 from hetero_replay.storage.schema import PLAIN_KINDS
 
 #: Version of the ``"tianshou"`` header section; a file of another version is refused.
@@ -54,106 +46,10 @@ SECTION = "tianshou"
 SLOT = "slot"
 
 #: Names ``reopen`` accepts as overrides: where the tree lives and when to write; the rest is the file's.
-OVERRIDES = ("backend", "mapping", "flush_every", "flush_seconds")
+OVERRIDES = ("backend", "placement", "flush_every", "flush_seconds")
 
 _COLUMNS = 5  # EpisodeBook's counters: insertion, stored, last, episode length, episode start
 _STORAGE_OPTIONS = ("stack_num", "ignore_obs_next", "save_only_last_obs")
-
-#: The clock of the time threshold (monotonic: a wall-clock jump neither forces nor delays a point).
-_clock = time.monotonic
-
-
-# -- when to write ----------------------------------------------------------------------------
-
-
-@dataclass
-class DurableSchedule:
-    """Where and when a buffer writes its durable points, and what it has written so far.
-
-    Attributes:
-        path: the durable file.
-        flush_every: a point is due once this many transitions were added since the last one.
-        flush_seconds: ... or once this many seconds have passed since it (checked on ``add``).
-        pending: transitions added since the last durable point.
-        last: :func:`_clock` time of the last durable point.
-        points: durable points written over the buffer's life (kept across ``reopen``).
-        added: transitions added over the buffer's life, as of now (kept across ``reopen``).
-    """
-
-    path: Path
-    flush_every: int
-    flush_seconds: float
-    pending: int = 0
-    last: float = field(default_factory=lambda: _clock())
-    points: int = 0
-    added: int = 0
-
-    def count(self, n: int) -> bool:
-        """Record ``n`` added transitions; say whether a durable point is now due."""
-        self.pending += n
-        self.added += n
-        return self.pending >= self.flush_every or _clock() - self.last >= self.flush_seconds
-
-    def written(self) -> None:
-        """Record that a durable point of the current state is on disk."""
-        self.pending, self.last, self.points = 0, _clock(), self.points + 1
-
-
-def check_path(value: Any, name: str = "durable_path") -> Path:
-    """``value`` as a :class:`~pathlib.Path`; ``TypeError`` unless a ``str`` or ``os.PathLike`` of one, ``ValueError`` if empty."""
-    if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{name} must be a str or os.PathLike, got {type(value).__name__} {value!r}")
-    text = os.fspath(value)
-    if not isinstance(text, str):  # a PathLike of bytes
-        raise TypeError(f"{name} must name a path as text, got {type(text).__name__} {text!r}")
-    if not text:
-        raise ValueError(f"{name} must not be empty")
-    return Path(text)
-
-
-def check_flush_every(value: Any) -> int:
-    """``value`` as an int ``>= 1``; ``TypeError``/``ValueError`` naming ``flush_every`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"flush_every must be an integer, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"flush_every must be >= 1 (transitions added between durable points), got {value}")
-    return int(value)
-
-
-def check_flush_seconds(value: Any) -> float:
-    """``value`` as a finite float ``> 0``; ``TypeError``/``ValueError`` naming ``flush_seconds`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"flush_seconds must be a real number, got {type(value).__name__} {value!r}")
-    seconds = float(value)
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"flush_seconds must be finite and > 0, got {value!r}")
-    return seconds
-
-
-def check_schedule(durable_path: Any, flush_every: Any, flush_seconds: Any) -> DurableSchedule | None:
-    """The constructor's durable arguments, all checked (also without a path); ``None`` without ``durable_path``.
-
-    Raises:
-        TypeError: ``durable_path`` is not a ``str``/``os.PathLike`` (or ``None``),
-            ``flush_every`` not an integer, ``flush_seconds`` not a real number.
-        ValueError: ``flush_every < 1``; ``flush_seconds`` not finite and positive;
-            ``durable_path`` is empty, lies in a folder that does not exist, or
-            already exists (a buffer of an earlier run, which ``reopen`` continues).
-    """
-    every, seconds = check_flush_every(flush_every), check_flush_seconds(flush_seconds)
-    if durable_path is None:
-        return None
-    path = check_path(durable_path)
-    if os.path.lexists(path):  # lexists: a dangling link would still be replaced by the first write
-        what = "is a directory" if path.is_dir() else "already exists"
-        raise ValueError(
-            f"durable_path {str(path)!r} {what}; a new buffer never replaces it. To continue the run whose "
-            f"buffer it holds, call reopen({str(path)!r}); to start a new one, choose another path"
-        )
-    if not path.parent.is_dir():
-        raise ValueError(f"durable_path {str(path)!r}: the folder {str(path.parent)!r} does not exist")
-    return DurableSchedule(path, every, seconds)
-
 
 # -- writing ----------------------------------------------------------------------------------
 
@@ -176,8 +72,8 @@ def check_storable(rows: Batch, prefix: str = "") -> None:
             )
 
 
-def encode(buffer: Any, kind: str, schedule: DurableSchedule) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The durable point of ``buffer`` as :func:`~hetero_replay.checkpoint.write` takes it. Hold its lock.
+def encode(buffer: Any, kind: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The state of ``buffer`` as a durable point's header and arrays (the schedule adds its section). Hold its lock.
 
     Arrays are views of the storage where the stored rows are one block (a
     single buffer, or every sub-buffer full), copies of the stored rows otherwise.
@@ -185,8 +81,6 @@ def encode(buffer: Any, kind: str, schedule: DurableSchedule) -> tuple[dict[str,
     Args:
         buffer: a Tianshou buffer of this package.
         kind: ``"single"`` or ``"vector"``.
-        schedule: its durable schedule (the file records its settings and
-            counts; the count of points includes this one).
 
     Raises:
         TypeError: the storage holds a value :func:`check_storable` refuses.
@@ -237,18 +131,12 @@ def encode(buffer: Any, kind: str, schedule: DurableSchedule) -> tuple[dict[str,
             "buffer_num": len(starts),
             "storage_options": {name: buffer.options[name] for name in _STORAGE_OPTIONS},
             "weight_norm": buffer._weight_norm,
-            # With a mapping the tree's backend is the mapping's choice; reopen(mapping=...) places it again.
-            "backend": "auto" if buffer.mapping is not None else o.tree,
+            # With a placement the tree's backend is the placement's choice; reopen(placement=...) places it again.
+            "backend": "auto" if buffer.placement is not None else o.tree,
             "layout": layout,
             "counters": counters.tolist(),
             "ep_return": ep_return.tolist(),
             "legacy_rng": {**legacy, "state": {**legacy["state"], "key": legacy["state"]["key"].tolist()}},
-            "durable": {
-                "flush_every": schedule.flush_every,
-                "flush_seconds": schedule.flush_seconds,
-                "points": schedule.points + 1,  # this one included
-                "added": schedule.added,
-            },
         },
     }
     arrays = {f"storage/{name}": arr for name, arr in fields.items()}
@@ -273,11 +161,6 @@ def _flatten(batch: Batch, rows: slice | np.ndarray, fields: dict[str, np.ndarra
     return layout
 
 
-def write(path: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Write a durable point atomically (:func:`hetero_replay.checkpoint.write`)."""
-    checkpoint.write(path, header, arrays)
-
-
 # -- reading ----------------------------------------------------------------------------------
 
 
@@ -288,7 +171,7 @@ class DurableImage:
     kind: str
     buffer_num: int
     maxsize: int
-    options: PEROptions  # tree as recorded ("auto" where a mapping placed it)
+    options: PEROptions  # tree as recorded ("auto" where a placement chose it)
     weight_norm: bool
     storage_options: dict[str, Any]
     meta: Batch  # full-size storage, stored rows in place
@@ -299,21 +182,18 @@ class DurableImage:
     legacy_rng: dict[str, Any]
     counters: np.ndarray  # (buffer_num, 5), local slots, as EpisodeBook.counters
     ep_return: np.ndarray  # (buffer_num, *reward shape)
-    flush_every: int
-    flush_seconds: float
-    points: int
-    added: int
+    header: dict[str, Any]  # the core header, with the schedule's durable section
 
 
 def decode(path: Path, kind: str) -> DurableImage:
-    """Read and check the durable file at ``path`` for a buffer of ``kind``.
+    """Read and check the durable file at ``path`` for a buffer of ``kind`` (:func:`~hetero_replay.storage.durable.read_point`).
 
     Raises:
         ReplayFileError: the file is damaged, foreign (another format, the core
             buffer's ``save``, the other Tianshou buffer kind) or inconsistent.
         OSError: ``path`` cannot be opened.
     """
-    header, arrays = checkpoint.read(path)
+    header, arrays = read_point(path)
     section = header.get(SECTION)
     if not isinstance(section, dict):
         raise ReplayFileError(
@@ -344,7 +224,7 @@ def _decode(header: dict[str, Any], section: dict[str, Any], arrays: dict[str, n
     """:func:`decode` past the format checks; any ``KeyError``/``TypeError``/``ValueError`` means a bad file."""
     cfg = header["config"]
     maxsize, buffer_num = cfg["capacity"], section["buffer_num"]
-    _require(_is_int(buffer_num) and buffer_num >= 1, f"buffer_num {buffer_num!r}")
+    _require(is_int(buffer_num) and buffer_num >= 1, f"buffer_num {buffer_num!r}")
     _require(kind == "vector" or buffer_num == 1, "a single buffer with several sub-buffers")
     _require(maxsize % buffer_num == 0, f"capacity {maxsize} is not a multiple of buffer_num {buffer_num}")
     size = maxsize // buffer_num
@@ -358,7 +238,7 @@ def _decode(header: dict[str, Any], section: dict[str, Any], arrays: dict[str, n
     storage_options = section["storage_options"]
     _require(isinstance(storage_options, dict) and set(storage_options) == set(_STORAGE_OPTIONS), "storage options")
     stack_num = storage_options["stack_num"]
-    _require(_is_int(stack_num) and stack_num >= 1, f"stack_num {stack_num!r}")
+    _require(is_int(stack_num) and stack_num >= 1, f"stack_num {stack_num!r}")
     _require(
         all(isinstance(storage_options[k], bool) for k in _STORAGE_OPTIONS[1:]),
         f"storage options {storage_options!r}",
@@ -389,10 +269,7 @@ def _decode(header: dict[str, Any], section: dict[str, Any], arrays: dict[str, n
     meta = _unflatten(section["layout"], arrays, slots, maxsize, names)
     _require(not names, f"fields {sorted(names)} are in no key of the layout")
 
-    durable = section["durable"]
-    every, seconds = durable["flush_every"], durable["flush_seconds"]
-    points, added = durable["points"], durable["added"]
-    _require(_is_int(points) and _is_int(added) and points >= 0 and added >= 0, "durable counts")
+    _require(DURABLE in header, f"no {DURABLE!r} section: not a durable point")  # checked by read_point if there
     return DurableImage(
         kind=kind,
         buffer_num=buffer_num,
@@ -408,10 +285,7 @@ def _decode(header: dict[str, Any], section: dict[str, Any], arrays: dict[str, n
         legacy_rng=_legacy_state(section["legacy_rng"]),
         counters=counters,
         ep_return=ep_return,
-        flush_every=check_flush_every(every),
-        flush_seconds=check_flush_seconds(seconds),
-        points=points,
-        added=added,
+        header=header,
     )
 
 
@@ -470,10 +344,6 @@ def restore(buffer: Any, image: DurableImage) -> None:
     buffer.priorities.load(leaves, image.max_priority)
     buffer._rng.bit_generator.state = image.rng_state
     buffer._random_state.set_state(image.legacy_rng)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _require(ok: bool, what: str) -> None:

@@ -17,23 +17,29 @@ a device   any torch device  ``TorchStorage`` there (``"cpu"``, ``"cuda:1"``, ``
 =========  ================  =============================================
 
 Other packages add storages with :func:`hetero_replay.registry.register_storage`
-(see ``docs/backends.md``).
+(see ``docs/backends.md``). What a storage can do beyond storing (writer
+processes, durable points, rows on a device) its protocols in
+:mod:`~hetero_replay.storage.base` say; :func:`durable_point` finds the storage
+a durable buffer at a path was written by.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from hetero_replay import registry
 from hetero_replay.registry import ANY_TORCH_DEVICE, register_storage
-from hetero_replay.storage.base import Storage
+from hetero_replay.storage.base import DeviceStorage, DurableStorage, RingStorage, Storage
 from hetero_replay.storage.host import HostStorage
 from hetero_replay.storage.schema import Field, Schema
 
 #: Placement names besides device names ("cpu", "cuda", "cuda:1", "meta", ...).
 HOST, PINNED, SHARED, DISK = "host", "pinned", "shared", "disk"
+#: Where a buffer's transitions live unless it is told otherwise.
+DEFAULT_STORAGE = HOST
 
 
 def _torch_check() -> str | None:
@@ -102,18 +108,24 @@ register_storage(
     _shared,
     devices=("cpu",),
     threaded=True,
+    device_batches=False,
     description="a file mapping actor processes add rows to (writer()); /dev/shm by default",
 )
 register_storage(
     DISK,
     _disk,
     devices=("cpu",),
+    device_batches=False,
     description="a ring file on local disk, parallel reads, the newest rows in RAM, durable points",
 )
 
 
 def make_storage(
-    placement: str, capacity: int, schema: Schema | Mapping[str, Any], options: Mapping[str, Any] | None = None
+    placement: str,
+    capacity: int,
+    schema: Schema | Mapping[str, Any],
+    options: Mapping[str, Any] | None = None,
+    device: Any = None,
 ) -> Any:
     """Storage for ``capacity`` transitions of ``schema``, placed by name.
 
@@ -123,13 +135,18 @@ def make_storage(
             asynchronous copies to a GPU), or a device name, which goes to the
             storage registered for that device (``"cpu"``, ``"cuda"``,
             ``"cuda:1"``, ...: :class:`~hetero_replay.storage.torch_storage.TorchStorage` there).
+        options: the storage's keyword arguments (``storage_options``).
+        device: the learner's device its buffer delivers batches to, if any;
+            refused by storages that serve host batches only, before they are built.
 
     Raises:
-        ValueError: no registered storage takes ``placement``.
+        ValueError: no registered storage takes ``placement``, or it does not deliver batches to ``device``.
         ImportError: the storage is not usable here (e.g. torch is not installed).
     """
     spec = registry.storage_for(placement)
     spec.require(f"storage {placement!r}")
+    if device is not None and not spec.device_batches:
+        raise ValueError(f"storage={placement!r} serves NumPy batches; device= is not supported with it")
     if not options:
         return spec.factory(capacity, schema, placement)
     if not isinstance(options, Mapping):
@@ -142,4 +159,35 @@ def make_storage(
         raise
 
 
-__all__ = ["DISK", "HOST", "PINNED", "SHARED", "Field", "HostStorage", "Schema", "Storage", "make_storage"]
+def durable_point(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
+    """What holds the durable buffer at ``path``: the storage's name and the header of its last durable point.
+
+    The header's ``config`` gives the buffer's capacity, schema and PER
+    options; the storage, built with ``storage_options={"path": path, "reopen": True}``,
+    restores the rest (:class:`~hetero_replay.storage.base.DurableStorage`).
+
+    Raises:
+        ValueError: ``path`` holds no durable point.
+        ReplayFileError: its durable point is damaged.
+    """
+    from hetero_replay.storage.disk import last_durable_header
+
+    return DISK, last_durable_header(path)
+
+
+__all__ = [
+    "DEFAULT_STORAGE",
+    "DISK",
+    "HOST",
+    "PINNED",
+    "SHARED",
+    "DeviceStorage",
+    "DurableStorage",
+    "Field",
+    "HostStorage",
+    "RingStorage",
+    "Schema",
+    "Storage",
+    "durable_point",
+    "make_storage",
+]

@@ -2,10 +2,17 @@
 
 A storage only stores: it validates batches against its schema, writes rows at
 ring positions its owner chooses, gathers rows by index, and exports and
-imports rows for checkpoints. The write position, the priorities and the lock
+imports rows for saved buffers. The write position, the priorities and the lock
 are the owner's (:class:`~hetero_replay.replay.PrioritizedReplay`). Host,
 torch-device and pinned storages implement it here; shared-memory, file-backed
 and remote storages plug in through :func:`hetero_replay.registry.register_storage`.
+
+What a storage can do beyond storing is said by the protocols it meets, which
+its owner asks with ``isinstance`` (never by the storage's name):
+
+* :class:`RingStorage`: other processes add rows (writer handles, polls, reads checked whole);
+* :class:`DurableStorage`: durable points, and reopening at the last one after a crash;
+* :class:`DeviceStorage`: rows are torch tensors on a device, so batches are too.
 """
 
 from __future__ import annotations
@@ -42,13 +49,13 @@ class Storage(Protocol):
         """Rows at ``indices`` (int64, already checked) of every field, or of ``fields``."""
 
     def export_rows(self, count: int, copy: bool = True) -> dict[str, Any]:
-        """The first ``count`` rows of every field as host NumPy arrays (for checkpoints).
+        """The first ``count`` rows of every field as host NumPy arrays (for ``state_dict`` and ``save``).
 
         ``copy=False`` may return views (the caller holds the owner's lock while using them).
         """
 
     def import_rows(self, arrays: Mapping[str, Any]) -> None:
-        """Write host arrays (one per field, same row count) from row 0 on (checkpoint restore)."""
+        """Write host arrays (one per field, same row count) from row 0 on (a restored state)."""
 
     def view(self, name: str) -> Any:
         """A live array view of field ``name`` over all rows; ``NotImplementedError`` where there is none."""
@@ -84,10 +91,52 @@ class RingStorage(Storage, Protocol):
         """Rows at ``indices`` and a mask of those read whole (not being rewritten meanwhile)."""
 
     def adopt(self, position: int, size: int, arrays: Mapping[str, Any]) -> None:
-        """Hold ``arrays`` (``size`` rows, from a checkpoint) as committed rows of a ring at ``position``."""
+        """Hold ``arrays`` (``size`` rows, from a restored state) as committed rows of a ring at ``position``."""
 
     def writer(self) -> Any:
         """A picklable handle other processes add rows with."""
+
+
+@runtime_checkable
+class DurableStorage(Storage, Protocol):
+    """A storage that keeps its buffer across crashes: it makes durable points and reopens at the last one.
+
+    Its owner (:class:`~hetero_replay.replay.PrioritizedReplay`) hands it a
+    snapshot of what the storage does not hold (the header of
+    :mod:`~hetero_replay.storage.checkpoint`, every slot's priority) whenever
+    :meth:`flush_due` says so, at ``flush()`` and at ``close()``; a storage
+    built with ``reopen=True`` holds the last such point in :attr:`reopened_point`.
+    The rules of when and what: :mod:`hetero_replay.storage.durable`.
+    """
+
+    #: ``(header, priorities)`` of the durable point a reopened storage restored
+    #: (every slot's priority, 0 where the row did not survive); ``None`` for a new one.
+    reopened_point: tuple[dict[str, Any], Any] | None
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (no durable point can be made any more)."""
+
+    def flush_due(self) -> bool:
+        """Whether the schedule wants a durable point now (``flush_every`` adds or ``flush_seconds`` passed)."""
+
+    def flush(self, header: Mapping[str, Any], priorities: Any, wait: bool = False) -> None:
+        """Make a durable point of the owner's ``header`` and ``priorities``; ``wait`` until it is on disk."""
+
+
+@runtime_checkable
+class DeviceStorage(Storage, Protocol):
+    """A storage whose rows are torch tensors on :attr:`device` (or in pinned host memory).
+
+    Its owner delivers batches as tensors (:class:`~hetero_replay.torch_batches.TorchBatches`);
+    any other storage gathers NumPy arrays, delivered as they are unless the
+    buffer was given a learner ``device=``.
+    """
+
+    #: The torch device the rows live on (the CPU for pinned memory).
+    device: Any
+    #: Whether the rows are in page-locked host memory (asynchronous copies to a GPU).
+    pin_memory: bool
 
 
 def check_batch(
@@ -151,4 +200,4 @@ def _fmt(shape: tuple[Any, ...]) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-__all__ = ["RingStorage", "Storage", "check_batch", "check_host_batch"]
+__all__ = ["DeviceStorage", "DurableStorage", "RingStorage", "Storage", "check_batch", "check_host_batch"]

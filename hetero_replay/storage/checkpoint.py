@@ -1,5 +1,10 @@
 """The on-disk format of a replay buffer: a ZIP of ``.npy`` arrays plus a JSON header.
 
+One format for every file a buffer writes: ``PrioritizedReplay.save`` (the
+whole buffer), and the durable points of the ``"disk"`` storage and of the
+Tianshou buffers (:mod:`hetero_replay.storage.durable`). It is part of the
+storage layer, below every buffer that writes it.
+
 * Not pickle: loading a file never runs code from it.
 * Atomic: written to a temporary file in the same directory, flushed to disk,
   then renamed over the target, so a crash mid-save leaves the previous file.
@@ -40,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from hetero_replay.checks import is_int, is_real
 from hetero_replay.storage.schema import PLAIN_KINDS
 from hetero_replay.trees.base import MAX_CAPACITY
 
@@ -67,6 +73,9 @@ MAX_FIELD_DIMS = 32
 #: ``header["rows"]`` of a ring storage's durable state: rows are in the ring's files, the
 #: arrays are every slot's priority and stamp (see :mod:`hetero_replay.storage.disk`).
 RING_ROWS = "ring"
+#: The header section of a durable point: its schedule's settings and counts
+#: (see :class:`hetero_replay.storage.durable.FlushSchedule`); absent from a saved buffer.
+DURABLE = "durable"
 _CONFIG_KEYS = ("capacity", "alpha", "beta", "eps", "fanout", "priority_dtype", "stratified", "schema")
 _READ_CHUNK = 16 << 20
 # A ZIP entry's general-purpose flags that this reader must refuse: encrypted (bit 0),
@@ -355,13 +364,9 @@ def _short(value: Any) -> str:
     return reprlib.repr(value)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_real(value: Any, low: float = -math.inf, high: float = math.inf) -> bool:
     """A finite JSON number (not a bool) in ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_real(value):
         return False
     try:
         v = float(value)
@@ -386,7 +391,7 @@ def _is_shape(value: Any, max_dims: int) -> bool:
     return (
         isinstance(value, list)
         and len(value) <= max_dims
-        and all(_is_int(d) and 0 <= d <= MAX_STORAGE_BYTES for d in value)
+        and all(is_int(d) and 0 <= d <= MAX_STORAGE_BYTES for d in value)
     )
 
 
@@ -402,11 +407,11 @@ def _check_header(header: Mapping[str, Any], path: Path) -> None:
     missing = [k for k in _CONFIG_KEYS if k not in cfg]
     require(not missing, f"config lacks {missing}")
     capacity = cfg["capacity"]
-    require(_is_int(capacity) and 1 <= capacity <= MAX_CAPACITY, f"capacity {_short(capacity)} not in [1, 2**40]")
+    require(is_int(capacity) and 1 <= capacity <= MAX_CAPACITY, f"capacity {_short(capacity)} not in [1, 2**40]")
     require(_is_real(cfg["alpha"], 0.0), f"alpha {_short(cfg['alpha'])} is not a finite number >= 0")
     require(_is_real(cfg["beta"], 0.0, 1.0), f"beta {_short(cfg['beta'])} is not a number in [0, 1]")
     require(_is_real(cfg["eps"], 0.0), f"eps {_short(cfg['eps'])} is not a finite number >= 0")
-    require(_is_int(cfg["fanout"]) and 2 <= cfg["fanout"] <= 1024, f"fanout {_short(cfg['fanout'])}")
+    require(is_int(cfg["fanout"]) and 2 <= cfg["fanout"] <= 1024, f"fanout {_short(cfg['fanout'])}")
     require(_plain_dtype(cfg["priority_dtype"], "f") is not None, f"priority dtype {_short(cfg['priority_dtype'])}")
     require(isinstance(cfg["stratified"], bool), f"stratified {_short(cfg['stratified'])} is not a bool")
 
@@ -426,12 +431,15 @@ def _check_header(header: Mapping[str, Any], path: Path) -> None:
 
     size: Any = header.get("size")
     position: Any = header.get("position")
-    require(_is_int(size) and 0 <= size <= capacity, f"size {_short(size)} for capacity {capacity}")
-    require(_is_int(position) and 0 <= position < capacity, f"position {_short(position)} for capacity {capacity}")
+    require(is_int(size) and 0 <= size <= capacity, f"size {_short(size)} for capacity {capacity}")
+    require(is_int(position) and 0 <= position < capacity, f"position {_short(position)} for capacity {capacity}")
     if header.get("rows", RING_ROWS) != RING_ROWS:
         require(False, f"rows {_short(header.get('rows'))}")
     if header.get("rows") == RING_ROWS:
-        require(_is_int(header.get("tickets")) and header["tickets"] >= 0, f"tickets {_short(header.get('tickets'))}")
+        require(is_int(header.get("tickets")) and header["tickets"] >= 0, f"tickets {_short(header.get('tickets'))}")
+        require(DURABLE in header, f"a ring's state without its {DURABLE} section")
+    if DURABLE in header:
+        _check_durable(header[DURABLE], require)
     max_priority: Any = header.get("max_priority")
     require(_is_real(max_priority, 0.0) and max_priority > 0, f"max_priority {_short(max_priority)}")
     require(_is_generator_state(header.get("rng_state")), "rng_state is not a NumPy generator state")
@@ -443,6 +451,17 @@ def _check_header(header: Mapping[str, Any], path: Path) -> None:
             and _canonical_dtype(spec.get("dtype")),
             f"manifest entry {_short(name)}: {_short(spec)}",
         )
+
+
+def _check_durable(section: Any, require: Any) -> None:
+    """The :data:`DURABLE` section: the settings a reopened buffer goes on with, and counts."""
+    require(isinstance(section, dict), f"{DURABLE} {_short(section)} is not a mapping")
+    every, seconds = section.get("flush_every"), section.get("flush_seconds")
+    require(is_int(every) and every >= 1, f"{DURABLE} flush_every {_short(every)}")
+    require(_is_real(seconds) and seconds > 0, f"{DURABLE} flush_seconds {_short(seconds)}")
+    for count in ("points", "added"):
+        value = section.get(count)
+        require(is_int(value) and value >= 0, f"{DURABLE} {count} {_short(value)}")
 
 
 def _canonical_dtype(value: Any) -> bool:

@@ -39,15 +39,17 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hetero_replay import _native, checkpoint
+from hetero_replay import _native
+from hetero_replay.checks import check_bool, check_int
+from hetero_replay.storage import checkpoint
 from hetero_replay.storage.base import check_host_batch
+from hetero_replay.storage.durable import DURABLE, FlushSchedule, read_point
 from hetero_replay.storage.host import _contiguous_strides, record_layout
 from hetero_replay.storage.ring import RingControl, RingOwner, RingReader, RingWriter, pid_alive
 from hetero_replay.storage.schema import Schema
@@ -160,19 +162,20 @@ class DiskStorage(RingOwner):
         capacity: rows kept; the oldest ticket's row is overwritten first.
         schema: the fields of a row.
         path: a directory for this buffer's files (created if missing). It must
-            not hold a buffer already, unless ``resume``.
+            not hold a buffer already, unless ``reopen``.
         ram_bytes: RAM for the newest rows (the page-cache window, default 1 GiB).
         read_threads: threads reading a sampled batch (default 8).
         flush_every: a durable point after this many adds (default 10,000).
-        flush_seconds: ... or after this many seconds (default 5).
-        resume: reopen the buffer at ``path`` at its last durable point (its
+        flush_seconds: ... or after this many seconds (default 5); the rule of
+            :class:`~hetero_replay.storage.durable.FlushSchedule`.
+        reopen: continue the buffer at ``path`` from its last durable point (its
             capacity and schema must be these); no process of the previous run
             may still be attached.
         abandon_after: see :class:`~hetero_replay.storage.ring.RingReader`.
 
     Raises:
         TypeError, ValueError: an argument of the wrong type or out of range,
-            naming it; ``path`` holding a buffer without ``resume`` (or none with it).
+            naming it; ``path`` holding a buffer without ``reopen`` (or none with it).
     """
 
     def __init__(
@@ -184,35 +187,33 @@ class DiskStorage(RingOwner):
         read_threads: int = 8,
         flush_every: int = 10_000,
         flush_seconds: float = 5.0,
-        resume: bool = False,
+        reopen: bool = False,
         abandon_after: float = 5.0,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"storage_options path must be a directory path, got {type(path).__name__} {path!r}")
-        _check_int("ram_bytes", ram_bytes, 0)
-        _check_int("read_threads", read_threads, 1)
-        _check_int("flush_every", flush_every, 1)
-        if isinstance(flush_seconds, bool) or not isinstance(flush_seconds, (int, float)) or not flush_seconds > 0:
-            raise ValueError(f"storage_options flush_seconds must be a number > 0, got {flush_seconds!r}")
-        if not isinstance(resume, bool):
-            raise TypeError(f"storage_options resume must be a bool, got {resume!r}")
+        check_int(ram_bytes, "storage_options ram_bytes", low=0)
+        check_int(read_threads, "storage_options read_threads", low=1)
+        #: When durable points are due; it counts the tickets the learner has polled.
+        self.schedule = FlushSchedule(flush_every, flush_seconds)
+        check_bool(reopen, "storage_options reopen")
         self.schema = schema if isinstance(schema, Schema) else Schema(schema)
         self.capacity = int(capacity)
         self.path = Path(path)
         self.format = RecordFormat(self.schema)
-        self.read_threads, self.flush_every, self.flush_seconds = read_threads, flush_every, float(flush_seconds)
+        self.read_threads = read_threads
         self.cache_rows = min(self.capacity, ram_bytes // self.format.bytes)
         self.path.mkdir(parents=True, exist_ok=True)
         ctl = self.path / CONTROL_FILE
-        #: ``(header, priorities)`` of the durable point a resumed buffer restores; None otherwise.
-        self.recovered: tuple[dict[str, Any], np.ndarray] | None = None
-        if resume:
-            self.control = self._resume(ctl)
+        #: ``(header, priorities)`` of the durable point a reopened buffer restores; None otherwise.
+        self.reopened_point: tuple[dict[str, Any], np.ndarray] | None = None
+        if reopen:
+            self.control = self._reopen(ctl)
         else:
             if ctl.exists():
                 raise ValueError(
                     f"storage_options path={str(self.path)!r} holds a replay buffer already: reopen it with "
-                    "PrioritizedReplay.reopen(path) (or resume=True), or choose another directory"
+                    "PrioritizedReplay.reopen(path) (or reopen=True), or choose another directory"
                 )
             self.control = RingControl.create(str(ctl), self.capacity, self.schema, self.format.bytes)
             fd = os.open(self.path / ROW_FILE, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -220,16 +221,16 @@ class DiskStorage(RingOwner):
             os.close(fd)
         self.fd = os.open(self.path / ROW_FILE, os.O_RDWR)
         self.reader = RingReader(self.control, abandon_after)
-        if self.recovered is not None:
+        if self.reopened_point is not None:
             self.reader.take_stamps()
+            self.schedule.continue_from(self.reopened_point[0][DURABLE]["points"], self.control.tickets)
         self._tag = self.control.register(os.getpid())
-        self._flushed_at = (self.control.tickets, time.monotonic())
         self._trimmed_to = 0  # tickets below this were dropped from the page cache
         self._flusher: _Flusher | None = None
 
-    def _resume(self, ctl: Path) -> RingControl:
+    def _reopen(self, ctl: Path) -> RingControl:
         if not ctl.exists():
-            raise ValueError(f"storage_options resume=True but {str(self.path)!r} holds no replay buffer")
+            raise ValueError(f"storage_options reopen=True but {str(self.path)!r} holds no replay buffer")
         control = RingControl.attach(str(ctl))
         try:
             if control.capacity != self.capacity or control.schema != self.schema:
@@ -247,12 +248,12 @@ class DiskStorage(RingOwner):
             control.reopen()
             state = self.path / STATE_FILE
             if state.exists():
-                header, arrays = checkpoint.read(state)
+                header, arrays = read_point(state)
                 durable = arrays["stamps"]
                 valid = (durable > 0) & (control.stamps == durable)
                 control.stamps[:] = np.where(valid, durable, 0)
                 control.set_tickets(int(header["tickets"]))
-                self.recovered = (header, np.where(valid, arrays["priorities"], 0))
+                self.reopened_point = (header, np.where(valid, arrays["priorities"], 0))
             else:  # never flushed: nothing is durable
                 control.stamps[:] = 0
                 control.set_tickets(0)
@@ -321,24 +322,25 @@ class DiskStorage(RingOwner):
         """A picklable handle actor processes add rows with (see :class:`RingWriter`)."""
         return RingWriter(DiskRows, {"path": str(self.path)}, self.schema, self.capacity)
 
-    # -- durability -----------------------------------------------------------------------
+    # -- durable points -------------------------------------------------------------------
 
     def flush_due(self) -> bool:
-        tickets, when = self._flushed_at
-        return self.reader.scanned - tickets >= self.flush_every or time.monotonic() - when >= self.flush_seconds
+        """Whether ``flush_every`` tickets were polled or ``flush_seconds`` passed since the last durable point."""
+        return self.schedule.count(self.reader.scanned - self.schedule.added)
 
-    def persist(self, header: Mapping[str, Any], priorities: np.ndarray, wait: bool = False) -> None:
+    def flush(self, header: Mapping[str, Any], priorities: np.ndarray, wait: bool = False) -> None:
         """Make a durable point of this snapshot: rows synced, then ``state.hrp`` replaced atomically.
 
         ``header`` and ``priorities`` (every slot's) are the owner's, taken with
         the stamps under the owner's lock; the disk work runs on a background
-        thread unless ``wait``.
+        thread unless ``wait``. The schedule starts again from here.
         """
+        self.schedule.count(self.reader.scanned - self.schedule.added)
         snapshot = (
-            {**header, "rows": checkpoint.RING_ROWS, "tickets": self.reader.scanned},
+            {**header, "rows": checkpoint.RING_ROWS, "tickets": self.reader.scanned, DURABLE: self.schedule.section()},
             {"priorities": priorities, "stamps": self.reader.seen.copy()},
         )
-        self._flushed_at = (self.reader.scanned, time.monotonic())
+        self.schedule.written()
         if self._flusher is None:
             self._flusher = _Flusher(self)
         self._flusher.submit(snapshot, wait)
@@ -460,11 +462,25 @@ def _start_writeback(fd: int) -> None:
         _SYNC_FILE_RANGE(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE; errors are left to the next fdatasync
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"storage_options {name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"storage_options {name} must be >= {minimum}, got {value}")
+def last_durable_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The header of the last durable point of the disk buffer in directory ``path`` (checked).
+
+    Raises:
+        ValueError: ``path`` holds no durable point of a disk buffer.
+        ReplayFileError: the durable point is damaged.
+    """
+    state = os.path.join(os.fspath(path), STATE_FILE)
+    if not os.path.exists(state):
+        raise ValueError(f"{os.fspath(path)!r} holds no durable point of a 'disk' replay buffer ({state} is missing)")
+    return read_point(state)[0]
 
 
-__all__ = ["CONTROL_FILE", "ROW_FILE", "STATE_FILE", "DiskRows", "DiskStorage", "RecordFormat"]
+__all__ = [
+    "CONTROL_FILE",
+    "ROW_FILE",
+    "STATE_FILE",
+    "DiskRows",
+    "DiskStorage",
+    "RecordFormat",
+    "last_durable_header",
+]

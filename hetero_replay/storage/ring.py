@@ -433,7 +433,7 @@ class RingReader:
         self.take_stamps()
 
     def take_stamps(self) -> None:
-        """Start from the stamps as they are (a ring adopted or resumed by this owner)."""
+        """Start from the stamps as they are (a ring adopted or reopened by this owner)."""
         self.seen[:] = self.control.stamps
         self.committed = int(np.count_nonzero(self.seen > 0))
         self.scanned = self.control.tickets
