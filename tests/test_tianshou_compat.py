@@ -223,3 +223,32 @@ def test_tianshous_own_dqn_update_with_weight_norm_feeds_td_errors_back() -> Non
         algorithm.update(buffer=buf, sample_size=32)
     changed = np.flatnonzero((buf.priority_tree.leaves() != 1.0) & (buf.priority_tree.leaves() > 0))
     assert len(changed) > 0 and buf.max_priority > 0
+
+
+@pytest.mark.parametrize("envs", [0, 3])
+def test_attributes_tianshous_init_sets_are_live_views_of_ours(envs: int) -> None:
+    """``_alpha``, ``_beta``, ``_max_prio``, ``_min_prio``, ``__eps``, ``options``: what Tianshou's own tests read."""
+    ours, stock = pair(size=30, envs=envs)
+    fill((ours, stock), 10, max(envs, 1))
+    for buf in (ours, stock):
+        assert (buf._alpha, buf._beta) == (0.5, 0.5)
+        assert (buf.options["alpha"], buf.options["beta"]) == (0.5, 0.5)
+        assert buf._max_prio == buf._min_prio == 1.0  # nothing fed back yet
+    assert ours._PrioritizedReplayBuffer__eps == ours.eps == TIANSHOU_EPS
+    indices = np.sort(ours.sample_indices(0))[:6]
+    td = np.array([0.5, 3.0, 0.25, 1.0, 2.0, 0.75])
+    for buf in (ours, stock):
+        buf.update_weight(indices, td)
+        buf.set_beta(0.3)
+    assert ours._beta == ours.beta == 0.3  # Tianshou's vector set_beta reaches its sub-buffers' _beta only
+    assert ours._max_prio == pytest.approx(stock._max_prio) == pytest.approx(3.0 + TIANSHOU_EPS)
+    assert ours._max_prio == ours.max_priority
+    # Tianshou's IS-weight formula over ours gives ours: _min_prio is the normaliser, the smallest p ** alpha
+    assert ours._min_prio == pytest.approx((0.25 + TIANSHOU_EPS) ** 0.5, rel=1e-6)
+    np.testing.assert_allclose(
+        (ours.weight[indices] / ours._min_prio) ** -ours._beta, ours.get_weight(indices), rtol=1e-6
+    )
+    with pytest.raises(AttributeError):
+        ours._alpha = 0.7  # read-only: alpha is set once, through the constructor
+    ours.reset()
+    assert ours._min_prio == 1.0

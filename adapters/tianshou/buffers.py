@@ -244,7 +244,7 @@ class PriorityWeights:
         if not np.all(np.isfinite(values) & (values > 0)):
             raise ValueError(f"weight values must be positive and finite as {tree.dtype}, got {value!r}")
         with self._buffer.lock:
-            self._buffer._check_stored(idx)
+            self._buffer.priorities.check_filled(idx)
             tree.update(idx, np.broadcast_to(values.reshape(-1), idx.shape).copy())
 
     def reduce(self, start: int = 0, end: int | None = None) -> float:
@@ -297,6 +297,7 @@ class _TreePriorities:
         self._weight_norm = bool(weight_norm)
         self._rng = np.random.default_rng(random_seed)
         self._lock = ForkSafeLock(OUTER)
+        self.options.update(alpha=options.alpha, beta=options.beta)  # as Tianshou's buffers record them
 
     # -- hyper-parameters and views ---------------------------------------------------------
 
@@ -324,6 +325,40 @@ class _TreePriorities:
     def priority_tree(self) -> SumTree:
         """The sum tree of priorities ``p_i ** alpha`` (read it; change priorities through the buffer)."""
         return self.priorities.tree
+
+    # Tianshou's PrioritizedReplayBuffer.__init__ sets these attributes, and its tests and user code
+    # read them: here they are read-only views of the same values in the priorities.
+
+    @property
+    def _alpha(self) -> float:
+        """Tianshou's name for :attr:`alpha`."""
+        return self.priorities.alpha
+
+    @property
+    def _beta(self) -> float:
+        """Tianshou's name for :attr:`beta`."""
+        return self.priorities.beta
+
+    @property
+    def _PrioritizedReplayBuffer__eps(self) -> float:
+        """Tianshou's ``__eps`` (private, hence name-mangled): :attr:`eps`."""
+        return self.priorities.eps
+
+    @property
+    def _max_prio(self) -> float:
+        """Tianshou's name for :attr:`max_priority`."""
+        return self.priorities.max_priority
+
+    @property
+    def _min_prio(self) -> float:
+        """The smallest priority ``p ** alpha`` of a stored transition (1 while none is stored).
+
+        What IS weights are normalised by, so Tianshou's formula
+        ``(weight[i] / _min_prio) ** -beta`` gives :meth:`get_weight`.
+        """
+        with self._lock:
+            smallest = self.priorities.tree.min()
+        return smallest if math.isfinite(smallest) else 1.0
 
     @property
     def weight(self) -> PriorityWeights:
@@ -522,22 +557,9 @@ class _TreePriorities:
                 number of TD errors other than the number of indices.
             IndexError: an index that holds no stored transition.
         """
-        td: np.ndarray | torch.Tensor
-        if isinstance(new_weight, torch.Tensor):
-            if new_weight.dtype == torch.bool or new_weight.is_complex():
-                raise TypeError(f"new_weight (TD errors) must be real numbers, got a {new_weight.dtype} tensor")
-            if isinstance(self.priority_tree, DeviceTree):
-                td = new_weight.detach().reshape(-1).abs()  # a device tree takes the tensor where it is
-            else:
-                td = _td_magnitudes(new_weight.detach().cpu().numpy())
-        else:
-            td = _td_magnitudes(new_weight)
-        idx = _as_indices(index)
-        if idx.ndim != 1:
-            raise TypeError(f"index must be a 1-D integer array, got shape {idx.shape}")
+        idx, td = self._update_inputs(index, new_weight)
         with self._lock:
-            self._check_stored(idx)
-            self.priorities.update(idx, td)
+            self.priorities.update(idx, td, filled_only=True)
 
     # -- late updates (PEROffPolicyWrapper with staleness >= 1) ---------------------------
 
@@ -556,24 +578,9 @@ class _TreePriorities:
         """:meth:`update_weight` for a batch sampled at write ``epoch``; entries whose slot was
         rewritten since are skipped. Returns how many were skipped. Errors as :meth:`update_weight`,
         except that a position in an error message counts the entries not skipped."""
-        idx = _as_indices(index)
+        idx, td = self._update_inputs(index, new_weight)
         with self._lock:
-            stale = self.priorities.overwritten_since(idx, epoch)
-            if stale is None:
-                self.update_weight(idx, new_weight)
-                return 0
-            if idx.ndim != 1:
-                raise TypeError(f"index must be a 1-D integer array, got shape {idx.shape}")
-            n_td = new_weight.numel() if isinstance(new_weight, torch.Tensor) else np.size(new_weight)
-            if n_td != idx.size:
-                raise ValueError(f"{idx.size} indices but {n_td} TD errors (new_weight)")
-            keep = ~stale
-            if isinstance(new_weight, torch.Tensor):
-                td: np.ndarray | torch.Tensor = new_weight.reshape(-1)[torch.from_numpy(keep).to(new_weight.device)]
-            else:
-                td = np.asarray(new_weight).reshape(-1)[keep]
-            self.update_weight(idx[keep], td)
-            return int(stale.sum())
+            return self.priorities.update_since(idx, td, epoch, filled_only=True)[0]
 
     def __getitem__(self, index: IndexType) -> PrioBatchProtocol:
         """``self[index]`` with ``weight`` = IS weights under the current beta (see ``weight_norm``).
@@ -685,7 +692,7 @@ class _TreePriorities:
     def _weights(self, index: Any, normalise: Normalise) -> np.ndarray:
         """IS weights of the stored transitions at ``index`` (a 1-D array), indices checked first. Hold the lock."""
         idx = np.atleast_1d(_as_indices(index))
-        self._check_stored(idx)
+        self.priorities.check_filled(idx)
         return self.priorities.weights(idx, normalise=normalise)
 
     def _rows(self, indices: Any) -> PrioBatchProtocol:
@@ -717,18 +724,28 @@ class _TreePriorities:
         """``(starts, stops)``: global index range ``[start, stop)`` of each sub-buffer's stored rows."""
         raise NotImplementedError
 
-    def _check_stored(self, idx: np.ndarray) -> None:
-        """``IndexError`` naming the first of the 1-D indices ``idx`` that holds no stored transition.
+    def _update_inputs(self, index: Any, new_weight: Any) -> tuple[np.ndarray, np.ndarray | torch.Tensor]:
+        """``(indices, |TD errors|)`` as the priorities take them, from what Tianshou's algorithms pass.
 
-        Stored transitions are exactly the leaves with a positive priority: slots
-        never written (or cleared by ``reset``) hold 0, and a stored one holds at
-        least ``eps ** alpha``, which the constructor checks is positive.
+        ``index`` must be 1-D integers; the (signed) TD errors real numbers,
+        as a float64 array, or as the tensor where it lives for a device tree.
+        Stored transitions are the slots with a positive priority (``eps > 0``
+        is checked at construction), hence ``filled_only`` where these go.
         """
-        leaves = self.priority_tree.get(idx)  # the tree raises for idx outside [0, size)
-        bad = np.flatnonzero(leaves <= 0)
-        if bad.size:
-            i = int(bad[0])
-            raise IndexError(f"index at position {i} is {int(idx[i])}, which holds no stored transition")
+        td: np.ndarray | torch.Tensor
+        if isinstance(new_weight, torch.Tensor):
+            if new_weight.dtype == torch.bool or new_weight.is_complex():
+                raise TypeError(f"new_weight (TD errors) must be real numbers, got a {new_weight.dtype} tensor")
+            if isinstance(self.priority_tree, DeviceTree):
+                td = new_weight.detach().reshape(-1).abs()  # a device tree takes the tensor where it is
+            else:
+                td = _td_magnitudes(new_weight.detach().cpu().numpy())
+        else:
+            td = _td_magnitudes(new_weight)
+        idx = _as_indices(index)
+        if idx.ndim != 1:
+            raise TypeError(f"index must be a 1-D integer array, got shape {idx.shape}")
+        return idx, td
 
 
 def _leaf_arrays(batch: Batch) -> Iterator[Any]:
