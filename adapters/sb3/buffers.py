@@ -916,13 +916,16 @@ def _replay_builder(
     built from its arguments, or the one given, checked against the buffer.
     """
     if distributed is None:
-
-        def local(capacity: int, schema: Schema, seed: int) -> Replay:
-            replay = PrioritizedReplay(capacity, schema, seed=seed, **config)
-            return RelaxedReplay(replay, schedule) if schedule.staleness else replay
-
-        return local
+        return functools.partial(_local_replay, config=config, schedule=schedule)
     return functools.partial(_sharded_replay, distributed, config=config, staleness=schedule.staleness)
+
+
+def _local_replay(
+    capacity: int, schema: Schema, seed: int, config: dict[str, Any], schedule: StalenessOptions
+) -> Replay:
+    """An engine buffer in this process, driven by the staleness schedule when ``staleness >= 1``."""
+    replay = PrioritizedReplay(capacity, schema, seed=seed, **config)
+    return RelaxedReplay(replay, schedule) if schedule.staleness else replay
 
 
 def _sharded_replay(
