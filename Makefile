@@ -45,11 +45,13 @@ lint: $(STAMP)
 	$(MAKE) --no-print-directory typecheck
 	$(BIN)/clang-format --dry-run -Werror $$(find csrc hls -name '*.hpp' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh')
 
-# mypy sees the installed layout: a symlink tree with adapters/ as hetero_replay/adapters.
+# mypy sees the installed layout: a symlink tree with adapters/ and apps/ as hetero_replay/adapters and
+# hetero_replay/apps.
 typecheck: $(STAMP)
 	rm -rf build/typecheck && mkdir -p build/typecheck
 	cp -rs $(CURDIR)/hetero_replay build/typecheck/hetero_replay
 	ln -s $(CURDIR)/adapters build/typecheck/hetero_replay/adapters
+	ln -s $(CURDIR)/apps build/typecheck/hetero_replay/apps
 	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p hetero_replay
 
 bench: $(STAMP)

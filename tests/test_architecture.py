@@ -1,12 +1,15 @@
-"""The layers of docs/architecture.md, checked from the source: no import cycle, no import upwards.
+"""The layers of docs/architecture.md, checked from the source.
 
-Every ``import`` of a ``hetero_replay`` module anywhere in a file counts, also
-one inside a function (a lazy import is still a dependency).
+No import cycle, no import upwards, the applications outside the core package,
+and the adapters on the facade. Every ``import`` of a ``hetero_replay`` module
+anywhere in a file counts, also one inside a function (a lazy import is still a
+dependency).
 """
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,9 +28,10 @@ LAYERS = [
         "hetero_replay.fpga",
         "hetero_replay.storage",
     ),  # storage includes the file format (storage.checkpoint)
-    ("hetero_replay.options",),
+    ("hetero_replay.options", "hetero_replay.protocol"),  # protocol: the Replay contract, types only
     ("hetero_replay.priorities",),
     ("hetero_replay.replay", "hetero_replay.torch_batches"),
+    ("hetero_replay.schedule",),  # the staleness schedule, run by the pipeline, the shards and the adapters
     ("hetero_replay.pipeline", "hetero_replay.distributed"),  # distributed: shards hold engine buffers
     ("hetero_replay.placement",),
     ("hetero_replay.advisor",),  # knows the host libraries only through their workloads (entry-point strings)
@@ -37,10 +41,19 @@ LAYERS = [
 ]
 
 
+#: Source folder -> the package it is installed as (pyproject.toml's ``wheel.packages``).
+PACKAGES = {
+    "hetero_replay": "hetero_replay",
+    "adapters": "hetero_replay.adapters",
+    "apps": "hetero_replay.apps",
+}
+
+
 def module_files() -> dict[str, Path]:
-    """Module name -> file, for the core and the adapters (installed as hetero_replay.adapters)."""
+    """Module name -> file: the core, the adapters and the applications, as installed."""
     out = {}
-    for base, prefix in ((ROOT / "hetero_replay", "hetero_replay"), (ROOT / "adapters", "hetero_replay.adapters")):
+    for folder, prefix in PACKAGES.items():
+        base = ROOT / folder
         for path in base.rglob("*.py"):
             parts = list(path.relative_to(base).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -118,6 +131,17 @@ def test_each_layer_imports_only_layers_below():
         if layer_of(dep) > layer_of(m)
     ]
     assert not upward, "\n".join(upward)
+
+
+def test_applications_live_outside_the_core_package():
+    """The command and the comparison runs are the top-level apps/, installed as hetero_replay.apps."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    installed = project["tool"]["scikit-build"]["wheel"]["packages"]
+    assert {dest.replace("/", "."): src for dest, src in installed.items()} == {v: k for k, v in PACKAGES.items()}
+    in_core = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "hetero_replay" / "apps").rglob("*.py"))
+    assert not in_core, f"application modules inside the core package: {in_core}"
+    scripts = project["project"]["scripts"]
+    assert all(target.startswith("hetero_replay.apps.") for target in scripts.values()), scripts
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):

@@ -186,7 +186,12 @@ def test_one_device_training_step_moves_no_transition_or_priority(monkeypatch):
 
 def test_learner_loop_on_every_cpu_mapping():
     """Each CPU placement runs a short learning loop end to end with the same draws."""
-    placements = [Placement(), Placement(storage="cpu"), Placement(storage="cpu", tree="torch"), Placement(tree="numpy")]
+    placements = [
+        Placement(),
+        Placement(storage="cpu"),
+        Placement(storage="cpu", tree="torch"),
+        Placement(tree="numpy"),
+    ]
     first = []
     for m in placements:
         torch.manual_seed(0)

@@ -186,7 +186,11 @@ def test_stock_dqn_takes_a_mapping_through_the_buffer_kwargs() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        (dict(placement="cpu"), TypeError, "placement must be a hetero_replay.placement.Placement, 'auto' or None, got str"),
+        (
+            dict(placement="cpu"),
+            TypeError,
+            "placement must be a hetero_replay.placement.Placement, 'auto' or None, got str",
+        ),
         (
             dict(placement=Placement(inference="cuda", check=False)),
             ValueError,
@@ -211,7 +215,8 @@ def test_bad_mappings_raise_clear_errors(kwargs: dict, error: type, match: str) 
 
 @pytest.mark.skipif(th.cuda.is_available(), reason="checks the error of a machine without CUDA")
 def test_absent_cuda_is_reported_at_model_construction_naming_the_primitive() -> None:
-    placement = Placement(sample="cuda", update="cuda", storage="cuda", tree="torch", check=False)  # described, unchecked
+    # described, unchecked
+    placement = Placement(sample="cuda", update="cuda", storage="cuda", tree="torch", check=False)
     with pytest.raises(DeviceUnavailableError, match="^sample: 'cuda:0' requested, but this machine has no CUDA"):
         PERDQN("MlpPolicy", "CartPole-v1", placement=placement, **small())
     with pytest.raises(DeviceUnavailableError, match="^sample: 'cuda:0' requested"):

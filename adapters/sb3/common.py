@@ -165,7 +165,9 @@ class PERMixin(_OffPolicyBase):
         from hetero_replay.advisor import advise
 
         if placement != "auto":
-            raise TypeError(f"placement must be a hetero_replay.placement.Placement, 'auto' or None, got str {placement!r}")
+            raise TypeError(
+                f"placement must be a hetero_replay.placement.Placement, 'auto' or None, got str {placement!r}"
+            )
         policy = args[0] if args else kwargs.get("policy")
         env = args[1] if len(args) > 1 else kwargs.get("env")
         if env is None:

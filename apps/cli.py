@@ -71,7 +71,9 @@ def _advise_arguments(p: argparse.ArgumentParser) -> None:
 
 
 @command(
-    "advise", "profile every primitive, rank every placement; table, JSON, PNG (--validate: measured)", _advise_arguments
+    "advise",
+    "profile every primitive, rank every placement; table, JSON, PNG (--validate: measured)",
+    _advise_arguments,
 )
 def advise(args: argparse.Namespace) -> int:
     from hetero_replay import advisor
