@@ -14,9 +14,10 @@ samples B = 256 and updates B priorities, on ``PrioritizedReplay(storage=
 interleaved, repeated; medians of inserts/s and sampled transitions/s and the
 ratio ours / cpprb.
 
-**Workloads** (``--part workloads``): for each row of ``replay-needs.csv``, a
-``storage="disk"`` buffer of ``capacity_items`` items of ``item_bytes`` (scaled
-down only where ``--max-bytes`` cannot hold it), prefilled by writer handles in
+**Workloads** (``--part workloads``): for each row of
+``benchmarks/workloads/replay-needs.csv``, a ``storage="disk"`` buffer of
+``capacity_items`` items of ``item_bytes`` (scaled down only where
+``--max-bytes`` cannot hold it), prefilled by writer handles in
 big chunks and evicted from the page cache; then actors insert at the row's
 ``insert_items_per_s`` while the learner samples at ``sample_items_per_s``
 through ``RelaxedReplay(staleness=k, prefetch=k, worker="thread")`` (``--staleness``, 8), sleeping
@@ -80,7 +81,8 @@ POOL = 8
 #: The quoted target: ours >= this x cpprb's insert and sample throughput at these actor counts.
 TARGET_RATIO, TARGET_ACTORS = 1.5, (2, 4)
 
-WORKLOADS_CSV = Path("/work/shared/workloads/replay-needs.csv")
+#: The workload table (its source: benchmarks/workloads/README.md).
+WORKLOADS_CSV = Path(__file__).parent / "workloads" / "replay-needs.csv"
 #: Workload rows are ``head`` int64, ``obs`` uint8 (item_bytes - 16,), ``tail`` int64.
 ROW_OVERHEAD = 16
 WORKLOAD_BATCH = 32

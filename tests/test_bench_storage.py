@@ -86,3 +86,11 @@ def test_rows_filter_scale_and_sizes() -> None:
     assert bench.plan(table[0], 11_000_000_000) == (100_000, 0.25)
     assert bench.plan(table[1], 1) == (bench.MIN_CAPACITY, bench.MIN_CAPACITY / 100_000)
     assert bench._size("2G") == 2 << 30 and bench._size("512MiB") == 512 << 20 and bench._size("1e9") == 10**9
+
+
+def test_the_default_workload_table_is_in_the_repository() -> None:
+    # The default --workloads path resolves inside the checkout, so a fresh clone runs the benchmark as is.
+    root = Path(__file__).resolve().parents[1]
+    assert bench.WORKLOADS_CSV.resolve().is_relative_to(root)
+    table = bench.read_workloads(bench.WORKLOADS_CSV)
+    assert len(table) == 8 and {"DQN/Atari-Qbert", "R2D2/Atari-Qbert", "IMPALA/Atari-Qbert"} <= {w.label for w in table}

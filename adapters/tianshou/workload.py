@@ -115,7 +115,7 @@ class Hyperparams:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # algorithm-specific arguments
 
 
-#: Per algorithm. DQN: the stock setup of the notes (target network every 250
+#: Per algorithm. DQN: a stock CartPole setup (target network every 250
 #: gradient steps, MSE loss, epsilon 1 -> 0.05 over 30% of the run).
 STANDARD_HYPERPARAMS: dict[str, Hyperparams] = {
     "dqn": Hyperparams(extra=dict(target_update_freq=250, eps_final=0.05, eps_fraction=0.3)),

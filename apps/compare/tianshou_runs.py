@@ -14,8 +14,12 @@ Both PER variants use alpha 0.6 and beta annealed linearly from 0.4 to 1 over
 the run. Every variant gets the same hyperparameters and algorithm: the
 standard setups of :mod:`hetero_replay.adapters.tianshou.workload`
 (:data:`HYPERPARAMS` is its ``STANDARD_HYPERPARAMS``, ``make_algorithm`` its
-``standard_algorithm``; DQN on CartPole as in ``shared/notes/host-libraries.md``
-§2), which the placement advisor profiles too. Each run first
+``standard_algorithm``; for DQN on CartPole: an MLP of two 64-unit layers, Adam
+at 1e-3, gamma 0.99, batch 64, one gradient step per 4 env steps, the target
+network copied every 250 gradient steps (Tianshou's ``target_update_freq``
+counts gradient steps, not env steps), Tianshou's MSE loss rather than Huber,
+epsilon from 1 to 0.05 over the first 30% of the run), which the placement
+advisor profiles too. Each run first
 collects ``warmup_steps`` random transitions (untimed, not counted in
 ``steps``), then trains in epochs of ``eval_every`` env steps with Tianshou's
 ``OffPolicyTrainer``; between epochs the greedy policy is evaluated on
