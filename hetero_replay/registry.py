@@ -242,6 +242,7 @@ def register_backend(
     """
     if name == "auto":
         raise ValueError("'auto' is not a backend name: make_tree resolves it to a registered backend")
+    # The registry imports nothing of ours (tests/test_registry.py), so this one check stays inline.
     if auto_rank is not None and (isinstance(auto_rank, bool) or not isinstance(auto_rank, int)):
         raise TypeError(f"auto_rank must be an int or None, got {auto_rank!r}")
     spec = BackendSpec(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import logging
-import numbers
 import pathlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,8 +19,8 @@ from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule, get
 
 from hetero_replay.adapters.sb3.buffers import DictPrioritizedReplayBuffer, PrioritizedReplayBuffer
 from hetero_replay.advisor import Advice
+from hetero_replay.checks import check_staleness, is_real
 from hetero_replay.options import check_beta
-from hetero_replay.pipeline import check_staleness
 from hetero_replay.placement import Placement, one_policy_placement
 from hetero_replay.torch_batches import same_device
 
@@ -118,7 +117,7 @@ class PERMixin(_OffPolicyBase):
         staleness: int = 0,
         **kwargs: Any,
     ) -> None:
-        constant = isinstance(beta_schedule, numbers.Real) and not isinstance(beta_schedule, bool)
+        constant = is_real(beta_schedule)
         if beta_schedule is not None and not constant and not callable(beta_schedule):
             raise TypeError(
                 "beta_schedule must be None, a float or a callable, "
@@ -264,14 +263,14 @@ class PERMixin(_OffPolicyBase):
         """Set the buffer's beta from the schedule; returns it."""
         assert callable(self.beta_schedule)
         beta = self.beta_schedule(self._current_progress_remaining)
-        if not _is_beta(beta):
+        try:
+            self.replay_buffer.beta = beta  # the buffer's setter checks it, once per train() call
+        except (TypeError, ValueError):
             raise ValueError(
                 f"beta_schedule returned {beta!r} at progress_remaining={self._current_progress_remaining:.3f}; "
                 "beta must be a number in [0, 1]"
-            )
-        beta = float(beta)
-        self.replay_buffer.beta = beta
-        return beta
+            ) from None
+        return float(beta)
 
     def _record_per(self, beta: float, mean_weights: list[float]) -> None:
         """Log the PER state after one ``train()`` call."""

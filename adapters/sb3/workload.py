@@ -40,7 +40,6 @@ import contextlib
 import copy
 import itertools
 import math
-import numbers
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -68,6 +67,7 @@ from hetero_replay.adapters.sb3.td3 import PERDDPG, PERTD3
 from hetero_replay.advisor.profile import HOST_REPETITION_S as LONG
 from hetero_replay.advisor.profile import Clock, Timer, Timing
 from hetero_replay.advisor.workload import Candidate, ReplayConfig, WorkloadSpec
+from hetero_replay.checks import check_int
 from hetero_replay.pipeline import AUTO_WINDOW, RelaxedReplay
 from hetero_replay.placement import Placement
 from hetero_replay.replay import PrioritizedReplay
@@ -162,7 +162,7 @@ class SB3Workload:
         algo = _algo_name(algorithm_class)
         if not isinstance(env, str) or not env:
             raise TypeError(f"env must be a gymnasium environment id (a non-empty str), got {type(env).__name__}")
-        _check_int("n_envs", n_envs, minimum=1)
+        check_int(n_envs, "n_envs", low=1)
         kwargs = dict(algo_kwargs or {})
         reserved = [name for name in RESERVED if name in kwargs]
         if reserved:
@@ -172,7 +172,7 @@ class SB3Workload:
             )
         for name in ("batch_size", "buffer_size"):
             if name in kwargs:
-                _check_int(name, kwargs[name], minimum=1)
+                check_int(kwargs[name], name, low=1)
         if kwargs.get("buffer_size", n_envs) < n_envs:
             raise ValueError(
                 f"buffer_size must hold one row of n_envs={n_envs} transitions, got {kwargs['buffer_size']}"
@@ -312,7 +312,7 @@ class SB3Workload:
             TypeError, ValueError: ``env_steps`` is not a positive integer.
             hetero_replay.placement.DeviceUnavailableError: a device of the candidate is missing here.
         """
-        _check_int("env_steps", env_steps, minimum=1)
+        check_int(env_steps, "env_steps", low=1)
         placement = candidate.placement.checked()
         with _preserved_state(candidate.threads):
             model = self.build(placement, staleness=candidate.staleness)
@@ -550,13 +550,13 @@ def make_workload(
     env_id, env_count = _env_id(env)
     if n_envs is None:
         n_envs = env_count
-    _check_int("n_envs", n_envs, minimum=1)
+    check_int(n_envs, "n_envs", low=1)
     if not isinstance(env, str) and n_envs != env_count:
         raise ValueError(f"n_envs={n_envs} contradicts env, which steps {env_count} environment(s)")
     kwargs = dict(algo_kwargs)
     for name, value in (("batch_size", batch_size), ("buffer_size", buffer_size)):
         if value is not None:
-            _check_int(name, value, minimum=1)
+            check_int(value, name, low=1)
             kwargs[name] = value
     return SB3Workload(algorithm_class, policy, env_id, n_envs, kwargs)
 
@@ -742,14 +742,6 @@ def _sync_for(config: ReplayConfig) -> Callable[[], None] | None:
     if any(str(d).startswith("cuda") or d == "pinned" for d in devices) and th.cuda.is_available():
         return th.cuda.synchronize
     return None
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    """``TypeError`` unless ``value`` is an integer (not a bool), ``ValueError`` below ``minimum``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 __all__ = ["ALGORITHMS", "RESERVED", "SB3Workload", "make_workload"]

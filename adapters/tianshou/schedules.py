@@ -9,11 +9,11 @@ each update with the number of updates it has performed so far.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hetero_replay.checks import check_int
 from hetero_replay.options import check_beta
 
 #: ``schedule(update_index) -> beta in [0, 1]``.
@@ -53,17 +53,9 @@ class LinearBetaSchedule:
     def __post_init__(self) -> None:
         for name in ("initial", "final"):
             checked_beta(getattr(self, name), name)
-        if isinstance(self.num_updates, bool) or not isinstance(self.num_updates, numbers.Integral):
-            raise TypeError(
-                f"num_updates must be an integer, got {type(self.num_updates).__name__} {self.num_updates!r}"
-            )
-        if self.num_updates < 1:
-            raise ValueError(f"num_updates must be a positive integer, got {self.num_updates!r}")
+        check_int(self.num_updates, "num_updates", low=1)
 
     def __call__(self, update: int) -> float:
-        if isinstance(update, bool) or not isinstance(update, numbers.Integral):
-            raise TypeError(f"update index must be an integer, got {type(update).__name__} {update!r}")
-        if update < 0:
-            raise ValueError(f"update index must be >= 0, got {update}")
+        check_int(update, "update index", low=0)
         fraction = min(1.0, update / self.num_updates)
         return self.initial + (self.final - self.initial) * fraction

@@ -52,8 +52,8 @@ from tianshou.algorithm.algorithm_base import OffPolicyAlgorithm
 from tianshou.data import Batch, ReplayBuffer, VectorReplayBuffer
 from tianshou.data.types import RolloutBatchProtocol
 
+from hetero_replay.checks import check_int, is_int
 from hetero_replay.distributed import ShardedReplay
-from hetero_replay.options import check_batch_size
 from hetero_replay.replay import Sample
 from hetero_replay.storage import Field, Schema
 
@@ -174,9 +174,9 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
         action_space: Any = None,
         **replay_options: Any,
     ) -> None:
-        _positive_int("buffer_num", buffer_num)
-        _positive_int("episode_capacity", episode_capacity)
-        _positive_int("send_every", send_every)
+        check_int(buffer_num, "buffer_num", low=1)
+        check_int(episode_capacity, "episode_capacity", low=1)
+        check_int(send_every, "send_every", low=1)
         if (observation_space is None) != (action_space is None):
             raise TypeError("give both observation_space and action_space (or neither: the first add decides)")
         expected = None if observation_space is None else transition_schema(observation_space, action_space)
@@ -300,16 +300,16 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
             ValueError: nothing was collected yet, or ``batch_size`` is out of range.
             TypeError: ``batch_size`` is not an integer.
         """
-        if batch_size is None or (not isinstance(batch_size, (bool, np.bool_)) and batch_size == 0):
+        if batch_size is None or (is_int(batch_size) and batch_size == 0):
             raise ValueError(
                 f"sample_size={batch_size!r} asks for the whole buffer; a sharded replay is sampled in "
                 "batches: give a positive batch_size"
             )
-        n = check_batch_size(batch_size)
         if self.replay is None:
             raise ValueError("cannot sample: nothing was collected into this ShardedVectorReplayBuffer yet")
         self.send()
-        return ShardedSampleBuffer(self.replay, self.replay.sample(n, beta=beta))
+        # ShardedReplay.sample, a public edge, checks batch_size (and beta): not checked twice per step.
+        return ShardedSampleBuffer(self.replay, self.replay.sample(batch_size, beta=beta))
 
     def _build_replay(self, schema: Schema) -> ShardedReplay:
         return ShardedReplay(schema=schema, **self._replay_options)
@@ -445,13 +445,6 @@ def _check_replay_options(options: dict[str, Any]) -> None:
             f"without replay=, a ShardedVectorReplayBuffer takes ShardedReplay's arguments "
             f"(num_shards= and capacity_per_shard= at least): {e}"
         ) from None
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 __all__ = [

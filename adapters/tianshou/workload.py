@@ -86,6 +86,7 @@ from hetero_replay.adapters.tianshou.weighted_updates import check_supported
 from hetero_replay.adapters.tianshou.wrapper import PEROffPolicyWrapper
 from hetero_replay.advisor.profile import HOST_REPETITION_S, Clock, Timer, Timing
 from hetero_replay.advisor.workload import ALGOS, Candidate, ReplayConfig, WorkloadSpec
+from hetero_replay.checks import check_int
 from hetero_replay.placement import Placement
 
 #: Priority exponent and the IS-weight exponent's linear schedule of the PER setups.
@@ -220,7 +221,7 @@ def make_workload(
     if not isinstance(env, str):
         raise TypeError(f"env must be a gymnasium environment id (a str), got {type(env).__name__}")
     for name, value in (("batch_size", batch_size), ("buffer_size", buffer_size), ("n_envs", n_envs)):
-        _positive_int(value, name)
+        check_int(value, name, low=1)
     if buffer_size < n_envs:
         raise ValueError(f"buffer_size must be >= n_envs={n_envs} (one sub-buffer per env), got {buffer_size}")
     if hyperparams is not None and not isinstance(hyperparams, Hyperparams):
@@ -228,7 +229,7 @@ def make_workload(
     if algorithm_factory is not None and not callable(algorithm_factory):
         raise TypeError(f"algorithm_factory must be a callable returning an algorithm, got {algorithm_factory!r}")
     hp = dataclasses.replace(hyperparams or STANDARD_HYPERPARAMS[algo], batch_size=batch_size, buffer_size=buffer_size)
-    _positive_int(hp.collect_per_env, "hyperparams.collect_per_env")
+    check_int(hp.collect_per_env, "hyperparams.collect_per_env", low=1)
     gradient_steps = round(hp.updates_per_step * hp.collect_per_env * n_envs)
     if gradient_steps < 1:
         raise ValueError(
@@ -361,7 +362,7 @@ class TianshouWorkload:
             TypeError, ValueError: ``env_steps`` is not a positive integer.
             hetero_replay.placement.DeviceUnavailableError: this machine lacks a device the candidate names.
         """
-        _positive_int(env_steps, "env_steps")
+        check_int(env_steps, "env_steps", low=1)
         placement = candidate.placement.checked()
         per_step = self.spec.collect_steps * self.spec.n_envs
         timed = max(1, round(env_steps / per_step)) * per_step
@@ -627,14 +628,6 @@ def _algorithm_class(algo: str) -> type:
     from tianshou.algorithm import DDPG, DQN, SAC, TD3
 
     return {"dqn": DQN, "ddpg": DDPG, "td3": TD3, "sac": SAC}[algo]
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
 
 
 def _sync_for(placement: Placement) -> Callable[[], Any]:

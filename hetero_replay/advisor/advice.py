@@ -14,7 +14,7 @@ from hetero_replay.advisor import profile as profiling
 from hetero_replay.advisor.explore import Row
 from hetero_replay.advisor.profile import Profile
 from hetero_replay.advisor.workload import Workload, make_workload
-from hetero_replay.pipeline import check_staleness
+from hetero_replay.checks import check_staleness
 from hetero_replay.placement import Placement
 
 log = logging.getLogger("hetero_replay.advisor")

@@ -45,6 +45,7 @@ from xml.etree import ElementTree
 
 import numpy as np
 
+from hetero_replay.checks import check_int, check_real
 from hetero_replay.fpga import protocol as P
 from hetero_replay.fpga.fixed_point import FRAC_BITS
 from hetero_replay.fpga.reference import level_sizes, payload_words
@@ -325,15 +326,6 @@ def _int_parameter(desc: dict[str, Any], name: str, default: int) -> int:
         return default
 
 
-def _check_int(value: Any, name: str, low: int, high: int) -> int:
-    """``value`` as an int in ``[low, high]``, or TypeError / ValueError naming ``name``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-    return int(value)
-
-
 def _as_words(commands: Any) -> np.ndarray:
     """Command words as a 1-D ``uint64`` array; TypeError / ValueError before anything is sent."""
     arr = np.asarray(commands)
@@ -404,12 +396,11 @@ class BoardRmm:
         dma_addr_width: int | None = None,
         timeout: float = 5.0,
     ) -> None:
-        capacity = _check_int(capacity, "capacity", 1, P.MAX_LEAVES)
-        if fanout not in P.FANOUTS or isinstance(fanout, bool):
+        capacity = check_int(capacity, "capacity", 1, P.MAX_LEAVES)
+        if check_int(fanout, "fanout") not in P.FANOUTS:
             raise ValueError(f"fanout must be one of {P.FANOUTS}, got {fanout!r}")
-        self._index = _check_int(index, "index", 0, 2**16)
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self._index = check_int(index, "index", 0, 2**16)
+        check_real(timeout, "timeout", positive=True, finite=False)
         self._fanout = int(fanout)
         self._timeout = float(timeout)
         self._lock = threading.RLock()
@@ -424,8 +415,8 @@ class BoardRmm:
             dma_length_width = _int_parameter(blocks.dma, "C_SG_LENGTH_WIDTH", DEFAULT_LENGTH_WIDTH)
         if dma_addr_width is None:
             dma_addr_width = _int_parameter(blocks.dma, "C_ADDR_WIDTH", DEFAULT_ADDR_WIDTH)
-        self._length_width = _check_int(dma_length_width, "dma_length_width", 8, 26)
-        self._addr_width = _check_int(dma_addr_width, "dma_addr_width", 32, 64)
+        self._length_width = check_int(dma_length_width, "dma_length_width", 8, 26)
+        self._addr_width = check_int(dma_addr_width, "dma_addr_width", 32, 64)
         #: Largest transfer in bytes, a whole number of words.
         self._max_bytes = ((1 << self._length_width) - 1) // _WORD * _WORD
         self._rmm = pynq.MMIO(self._rmm_base, blocks.window(blocks.rmm), device=self._device)
@@ -533,7 +524,7 @@ class BoardRmm:
                 f"register {offset:#x} is not writable; CAPACITY ({P.REG_CAPACITY:#x}) and INIT_MAX "
                 f"({P.REG_INIT_MAX:#x}) are"
             )
-        value = _check_int(value, "register value", 0, P.NONE32)
+        value = check_int(value, "register value", 0, P.NONE32)
         with self._lock:
             self._check_usable()
             if offset == P.REG_CAPACITY:
@@ -626,7 +617,7 @@ class BoardRmm:
                 "cannot hold more: use a smaller buffer, an overlay built with a larger MAX_LEAVES for a part "
                 "with more on-chip memory, or another tree backend"
             )
-        capacity = _check_int(capacity, "capacity", 1, self._max_leaves)
+        capacity = check_int(capacity, "capacity", 1, self._max_leaves)
         self._rmm.write(P.REG_CAPACITY, capacity)
         got = self._rmm.read(P.REG_CAPACITY)
         if got != capacity:

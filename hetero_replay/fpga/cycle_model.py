@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from hetero_replay.checks import check_int
 from hetero_replay.fpga.protocol import (
     FANOUTS,
     MAX_LEAVES,
@@ -656,8 +657,7 @@ def call_time(part: Part | str, op: str, n: int, capacity: int, fanout: int = 16
     """
     p = part_named(part)
     check_capacity(p, capacity, fanout)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"n must be a non-negative integer, got {n!r}")
+    check_int(n, "n", low=0)
     depth = part_max_depth(p, fanout)
     if op == "sample":
         counts = sample_counts(n, capacity, fanout, depth)
@@ -708,17 +708,15 @@ def parts(keys: Iterable[str] | None = None) -> list[Part]:
 
 
 def _check_fanout(fanout: Any) -> int:
-    if isinstance(fanout, bool) or not isinstance(fanout, (int, np.integer)) or int(fanout) not in FANOUTS:
+    """``fanout`` as an int in :data:`FANOUTS`."""
+    if check_int(fanout, "fanout") not in FANOUTS:
         raise ValueError(f"fanout must be one of {FANOUTS}, got {fanout!r}")
     return int(fanout)
 
 
 def _check_capacity_arg(capacity: Any) -> int:
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-        raise TypeError(f"capacity must be an integer, got {type(capacity).__name__} {capacity!r}")
-    if not 1 <= capacity <= MAX_LEAVES:
-        raise ValueError(f"capacity must be in [1, 2**28] (the protocol's index field), got {capacity}")
-    return int(capacity)
+    """``capacity`` as an int the protocol's index field holds: ``[1, MAX_LEAVES]``."""
+    return check_int(capacity, "capacity", 1, MAX_LEAVES)
 
 
 __all__ = [

@@ -25,7 +25,6 @@ protocol, whose atomic steps are in ``csrc/hetero_replay/ring_slots.hpp``:
 from __future__ import annotations
 
 import json
-import math
 import mmap
 import os
 import time
@@ -35,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hetero_replay import _native
+from hetero_replay.checks import check_real
 from hetero_replay.storage.base import check_host_batch
 from hetero_replay.storage.schema import Schema
 
@@ -378,10 +378,7 @@ class RingReader:
     """
 
     def __init__(self, control: RingControl, abandon_after: float = 5.0) -> None:
-        if isinstance(abandon_after, bool) or not isinstance(abandon_after, (int, float)) or not abandon_after > 0:
-            raise ValueError(f"storage_options abandon_after must be a number of seconds > 0, got {abandon_after!r}")
-        if not math.isfinite(abandon_after):
-            raise ValueError(f"storage_options abandon_after must be finite, got {abandon_after!r}")
+        check_real(abandon_after, "storage_options abandon_after", positive=True)
         self.control = control
         self.abandon_after = abandon_after
         self.seen = np.zeros(control.capacity, np.int64)  # the stamp each slot had at the last poll

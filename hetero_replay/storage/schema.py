@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from hetero_replay.checks import is_int
+
 #: dtype kinds a field may have: bool, signed and unsigned integers, floats, complex.
 #: Storage copies rows as raw bytes, so objects (pointers without references),
 #: strings, void and structured records are refused.
@@ -31,7 +33,7 @@ class Field:
             dims = tuple(shape)
         except TypeError:
             raise TypeError(f"field shape must be a tuple of integers, got {self.shape!r}") from None
-        if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in dims):
+        if not all(is_int(s) for s in dims):
             raise TypeError(f"field shape must be a tuple of integers, got {self.shape!r}")
         if any(s < 0 for s in dims):
             raise ValueError(f"field shape must be non-negative, got {self.shape!r}")

@@ -13,6 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from hetero_replay.checks import check_int
+
 #: Fanouts every backend supports; 16 float32 values fill one 64-byte cache line.
 FANOUTS = (2, 4, 8, 16, 32, 64)
 
@@ -54,11 +56,10 @@ def check_priority_dtype(value: Any) -> np.dtype:
 
 
 def check_fanout(value: Any) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"fanout must be an integer, one of {FANOUTS}; got {type(value).__name__} {value!r}")
-    if value not in FANOUTS:
+    fanout = check_int(value, "fanout")
+    if fanout not in FANOUTS:
         raise ValueError(f"fanout must be one of {FANOUTS}; got {value}")
-    return int(value)
+    return fanout
 
 
 def as_1d(values: Any, what: str) -> np.ndarray:
@@ -71,11 +72,7 @@ def as_1d(values: Any, what: str) -> np.ndarray:
 
 def check_tree_args(capacity: Any, fanout: Any, dtype: Any) -> tuple[int, int, np.dtype]:
     """Validated ``(capacity, fanout, dtype)`` of a tree; ``TypeError``/``ValueError`` naming the argument."""
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-        raise TypeError(f"capacity must be an integer, got {type(capacity).__name__} {capacity!r}")
-    if not 1 <= capacity <= MAX_CAPACITY:
-        raise ValueError(f"capacity must be in [1, 2**40], got {capacity}")
-    return int(capacity), check_fanout(fanout), check_priority_dtype(dtype)
+    return check_int(capacity, "capacity", 1, MAX_CAPACITY), check_fanout(fanout), check_priority_dtype(dtype)
 
 
 @runtime_checkable

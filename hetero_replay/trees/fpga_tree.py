@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from hetero_replay import _native
+from hetero_replay.checks import check_int
 from hetero_replay.fpga import protocol as P
 from hetero_replay.fpga.emulator import EMULATED_DEVICE
 from hetero_replay.fpga.fixed_point import (
@@ -281,12 +282,8 @@ class FpgaSumTree(TreeBase):
     def sample(
         self, batch_size: int, rng: np.random.Generator, beta: float, stratified: bool = True
     ) -> tuple[np.ndarray, np.ndarray]:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
-            raise TypeError(f"batch_size must be an integer, got {type(batch_size).__name__}")
-        if not 0 < batch_size <= P.MAX_COUNT:
-            raise ValueError(f"batch_size must be in [1, 2**32), got {batch_size}")
+        b = check_int(batch_size, "batch_size", 1, P.MAX_COUNT)  # the command's count field
         self._require_mass()
-        b = int(batch_size)
         u = rng.integers(0, 2**32, b, dtype=np.uint64)
         if stratified:  # draw j in the j-th of b equal slices of [0, 2**32)
             r = ((np.arange(b, dtype=np.uint64) << np.uint64(32)) + u) // np.uint64(b)
