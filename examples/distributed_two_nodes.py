@@ -6,7 +6,7 @@ Starts a head node and a second node with ``ray start`` on 127.0.0.1, then:
 2. two writer tasks add transitions while the learner samples and updates priorities;
 3. checks the sampling law against the exact global ``p_i^alpha / sum p^alpha`` (chi-square);
 4. SIGKILLs the shard on the second node mid-training, measures the time until the
-   learner is sampling again and the rows lost (the checkpoint window);
+   learner is sampling again and the rows lost (the loss window after the last durable point);
 5. a second learner process reattaches to the running shards by name and continues;
 6. stops the cluster.
 
@@ -118,11 +118,11 @@ def run(address: str) -> None:
     nodes = alive_nodes(ray, 2)
     # Ray replaces 127.0.0.1 by this machine's own interface address; packets to it stay on the host (routed via lo).
     say(f"cluster: {len(nodes)} nodes, addresses {sorted({n['NodeManagerAddress'] for n in nodes})} (this machine's)")
-    checkpoints = tempfile.mkdtemp(prefix="hetero-replay-2nodes-")
+    durable_dir = tempfile.mkdtemp(prefix="hetero-replay-2nodes-")
     every = 500
     replay = ShardedReplay(
         2, 20_000, SCHEMA, alpha=1.0, eps=1e-6, seed=0, address=address, name="two-nodes", detached=True,
-        checkpoint_dir=checkpoints, checkpoint_every=every, checkpoint_seconds=3600,
+        durable_dir=durable_dir, flush_every=every, flush_seconds=3600,
         actor_options=[{"resources": {"node_a": 0.01}}, {"resources": {"node_b": 0.01}}],  # one shard per node
     )  # fmt: skip
     placement = ray.get(
@@ -167,7 +167,7 @@ def run(address: str) -> None:
 
     # 4. kill the shard on node_b mid-training.
     victim = [node_of[pl] for pl in placement].index("node_b")
-    replay.flush()  # every shard checkpoints now; then each takes half a window more
+    replay.flush()  # a durable point of every shard now; then each takes half a window more
     replay.add(rows(np.arange(200_000, 200_000 + every)))
     before = replay.summaries[victim]
     os.kill(replay.shard_pids()[victim], signal.SIGKILL)
@@ -175,7 +175,7 @@ def run(address: str) -> None:
     batch = replay.sample(256)
     recovered = time.perf_counter() - killed
     after = replay.summaries[victim]
-    say(f"shard {victim} (node_b) SIGKILLed with {before.size} rows, {before.checkpointed} at its last checkpoint; "
+    say(f"shard {victim} (node_b) SIGKILLed with {before.size} rows, {before.flushed_rows} at its last durable point; "
           f"sampling again after {recovered:.2f} s; it restarted with {after.size} rows: "
           f"lost {before.size - after.size} (window: {every} adds)")  # fmt: skip
     replay.update_priorities(batch.indices, np.ones(256))  # drawn before the restart: dropped by the new incarnation

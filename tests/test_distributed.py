@@ -226,9 +226,9 @@ def test_bad_input_is_refused_and_changes_nothing() -> None:
         (dict(num_shards=2.0), TypeError, "num_shards"),
         (dict(capacity_per_shard=0), ValueError, "capacity_per_shard"),
         (dict(storage="shared"), ValueError, "storage"),
-        (dict(storage="disk"), ValueError, "checkpoint_dir"),
+        (dict(storage="disk"), ValueError, "durable_dir"),
         (dict(detached=True), ValueError, "address"),
-        (dict(checkpoint_seconds=0), ValueError, "checkpoint_seconds"),
+        (dict(flush_seconds=0), ValueError, "flush_seconds"),
         (dict(name="a/b"), ValueError, "name"),
         (dict(actor_options=[{}]), ValueError, "actor_options"),
         (dict(stage_rows=-1), ValueError, "stage_rows"),
@@ -309,11 +309,11 @@ def _train_steps(replay: ShardedReplay, steps: int, start: int, rng: np.random.G
 
 
 @pytest.mark.parametrize("storage", ["host", "disk"])
-def test_a_killed_shard_restarts_from_its_checkpoint_and_training_continues(tmp_path, storage: str) -> None:
+def test_a_killed_shard_restarts_from_its_last_durable_point_and_training_continues(tmp_path, storage: str) -> None:
     every = 40
     replay = ShardedReplay(
-        2, 10_000, SCHEMA, seed=0, storage=storage, checkpoint_dir=str(tmp_path), checkpoint_every=every,
-        checkpoint_seconds=3600,
+        2, 10_000, SCHEMA, seed=0, storage=storage, durable_dir=str(tmp_path), flush_every=every,
+        flush_seconds=3600,
     )  # fmt: skip
     rng = np.random.default_rng(0)
     try:
@@ -329,7 +329,7 @@ def test_a_killed_shard_restarts_from_its_checkpoint_and_training_continues(tmp_
         assert replay.stats["recoveries"] >= 1
         lost = before.size - after.size
         assert 0 <= lost <= every, f"lost {lost} rows, more than the window of {every}"
-        assert after.size == after.checkpointed == before.checkpointed or storage == "disk"
+        assert after.size == after.flushed_rows == before.flushed_rows or storage == "disk"
         # Indices drawn before the restart are dropped by the new incarnation, never applied to other rows.
         dropped = replay.stats["dropped_updates"]
         replay.update_priorities(old_batch.indices, rng.random(64))

@@ -38,6 +38,7 @@ from hetero_replay import (
     UNSET,
     Field,
     PEROptions,
+    Placement,
     PrioritizedReplay,
     RelaxedReplay,
     Replay,
@@ -45,10 +46,15 @@ from hetero_replay import (
     ShardedReplay,
     StalenessOptions,
 )
-from hetero_replay.checks import check_bool, check_int, check_seed
-from hetero_replay.forksafe import OUTER, ForkSafeLock
-from hetero_replay.placement import Placement, one_policy_placement
-from hetero_replay.torch_batches import same_device
+from hetero_replay.extend import (
+    OUTER,
+    ForkSafeLock,
+    check_bool,
+    check_int,
+    check_seed,
+    one_policy_placement,
+    same_device,
+)
 
 #: A buffer sampled this many times in a row without ``update_priorities`` warns once.
 WARN_AFTER_SAMPLES = 100
@@ -158,14 +164,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             :class:`~hetero_replay.distributed.ShardedReplay` (Ray actors, on
             this machine or a cluster) instead of a local engine, sampled
             exactly from the global distribution. Either a dict of its keyword
-            arguments (``num_shards`` required; ``address``, ``checkpoint_dir``,
+            arguments (``num_shards`` required; ``address``, ``durable_dir``,
             ``storage``, ...; the capacity ``buffer_size`` is split evenly over the
             shards; the PER options and ``seed`` are this buffer's), or a ready
             ``ShardedReplay`` whose schema is this buffer's (then its own
             options apply). ``staleness`` (0, 1 or 2) is the ShardedReplay's. Not with
             ``optimize_memory_usage``, ``placement`` or ``storage``; the array attributes (``observations``,
             ...) are not available, and ``save_replay_buffer`` is refused
-            (shards checkpoint themselves).
+            (shards make durable points themselves).
 
     With device batches (storage on a device, or a learner off the CPU), the
     sampled tensors come from the core engine untouched, the ``indices`` are a
@@ -648,7 +654,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def flush(self) -> None:
         """Apply every queued priority update now (``staleness >= 1``) and make a durable point where the replay
-        makes them (``storage="disk"``; with ``distributed``, the shards checkpoint)."""
+        makes them (``storage="disk"``; with ``distributed``, every shard)."""
         with self._lock:
             self._commit()
             self._replay.flush()

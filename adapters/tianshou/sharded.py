@@ -52,10 +52,8 @@ from tianshou.algorithm.algorithm_base import OffPolicyAlgorithm
 from tianshou.data import Batch, ReplayBuffer, VectorReplayBuffer
 from tianshou.data.types import RolloutBatchProtocol
 
-from hetero_replay.checks import check_int, is_int
-from hetero_replay.distributed import ShardedReplay
-from hetero_replay.replay import Sample
-from hetero_replay.storage import Field, Schema
+from hetero_replay import Field, Sample, Schema, ShardedReplay
+from hetero_replay.extend import check_int, is_int
 
 #: The fields of a transition that travel to the shards (Tianshou's names). ``info``
 #: and ``policy`` stay in the local ring: they are not plain arrays, and the
@@ -147,7 +145,7 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
             from that batch's shapes and dtypes.
         replay_options: :class:`ShardedReplay`'s keyword arguments (``num_shards``
             and ``capacity_per_shard`` required; ``alpha``, ``beta``, ``seed``,
-            ``address``, ``checkpoint_dir``, ...), when ``replay`` is ``None``.
+            ``address``, ``durable_dir``, ...), when ``replay`` is ``None``.
             The replay built from them is closed by :meth:`close`.
 
     Raises:
@@ -272,7 +270,7 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
     def send(self) -> int:
         """Send the staged transitions to the replay now (one add); returns how many.
 
-        Not a checkpoint: that is ``replay.flush()``.
+        Not a durable point: that is ``replay.flush()``.
         """
         if not self._staged_rows:
             return 0

@@ -20,19 +20,19 @@ a draw stale. The rows become sampleable one learner call later. When
 ``stage_rows`` rows wait (no learner calls), the shard takes them in at once,
 and the learner redraws once.
 
-Checkpoints: with a ``checkpoint_dir``, the shard saves itself every
-``checkpoint_every`` added rows or ``checkpoint_seconds`` seconds (whichever
-comes first, checked at each call), atomically (``storage="host"``:
-:meth:`PrioritizedReplay.save`; ``"disk"``: the storage's durable points). A
-restarted shard starts from its last checkpoint; rows added (or staged) and
-priorities set after it are lost: that is the loss window.
+Durable points: with a ``durable_dir``, the shard makes one every
+``flush_every`` added rows or ``flush_seconds`` seconds (whichever comes
+first, checked at each call: :class:`~hetero_replay.storage.durable.FlushSchedule`),
+atomically (``storage="host"``: :meth:`PrioritizedReplay.save` of the whole
+shard; ``"disk"``: the storage's own durable points). A restarted shard starts
+from its last durable point; rows added (or staged) and priorities set after it
+are lost: that is the loss window.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -43,6 +43,7 @@ from hetero_replay.options import PEROptions
 from hetero_replay.replay import PrioritizedReplay
 from hetero_replay.storage import DISK, HOST, Schema
 from hetero_replay.storage.base import check_host_batch
+from hetero_replay.storage.durable import FlushSchedule
 
 #: Storages a shard can hold. A Ray actor's rows arrive through Ray, so a
 #: "shared" ring (for writer processes on one machine) has nothing to add.
@@ -59,8 +60,8 @@ class ShardSummary(NamedTuple):
     min: float  # smallest positive p ** alpha (inf when empty)
     size: int  # transitions stored
     max_priority: float  # largest |td| + eps this shard has seen or been told
-    added: int  # rows added in this incarnation (after its checkpoint)
-    checkpointed: int  # size at the last checkpoint (0 without one)
+    added: int  # rows added in this incarnation (after its durable point)
+    flushed_rows: int  # size at the last durable point (0 without one)
     staged: int  # writers' rows waiting to join the tree
 
 
@@ -86,9 +87,9 @@ class ShardConfig:
     options: dict[str, Any]  # PEROptions fields
     storage: str = HOST
     storage_options: Mapping[str, Any] | None = None
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 10_000
-    checkpoint_seconds: float = 60.0
+    durable_dir: str | None = None
+    flush_every: int = 10_000
+    flush_seconds: float = 60.0
     stage_rows: int = 4096  # writers' rows a shard queues before taking them in unasked; 0: never queue
 
     def per_options(self) -> PEROptions:
@@ -116,28 +117,27 @@ class ReplayShard:
         self.added = 0
         self.replay = self._open()
         self.replay.track_writes()
-        self.checkpointed = len(self.replay) if self._checkpoint_path() else 0
-        self._rows_since_checkpoint = 0
-        self._checkpoint_at = time.monotonic()
+        self.flushed_rows = len(self.replay) if self._durable_path() else 0
+        self._flushes = FlushSchedule(config.flush_every, config.flush_seconds)
         self._staged: list[Mapping[str, Any]] = []
         self._staged_rows = 0
 
     # -- building and restoring ---------------------------------------------------
 
-    def _checkpoint_path(self) -> str | None:
-        d = self.config.checkpoint_dir
+    def _durable_path(self) -> str | None:
+        d = self.config.durable_dir
         if d is None:
             return None
         name = f"shard-{self.shard}" + (".hrp" if self.config.storage == HOST else "")
         return os.path.join(d, name)
 
     def _open(self) -> PrioritizedReplay:
-        c, path = self.config, self._checkpoint_path()
+        c, path = self.config, self._durable_path()
         options = c.per_options()
         if c.storage == DISK:
             if path is None:
-                raise ValueError("storage='disk' shards need checkpoint_dir (their ring files go there)")
-            durable = {"flush_every": c.checkpoint_every, "flush_seconds": c.checkpoint_seconds}
+                raise ValueError("storage='disk' shards need durable_dir (their ring files go there)")
+            durable = {"flush_every": c.flush_every, "flush_seconds": c.flush_seconds}
             extra = {**(c.storage_options or {}), **durable}
             if os.path.exists(os.path.join(path, "state.hrp")):
                 return PrioritizedReplay.reopen(path, tree=options.tree, **extra)
@@ -155,7 +155,7 @@ class ReplayShard:
         tree = self.replay.tree
         return ShardSummary(
             self.shard, self.incarnation, self.version, tree.total(), tree.min(), len(self.replay),
-            self.replay.max_priority, self.added, self.checkpointed, self._staged_rows,
+            self.replay.max_priority, self.added, self.flushed_rows, self._staged_rows,
         )  # fmt: skip
 
     def refresh(self) -> ShardSummary:
@@ -190,7 +190,7 @@ class ReplayShard:
         rows = len(self.replay.add(batch))
         self.version += 1
         self.added += rows
-        self._rows_since_checkpoint += rows
+        self._flushes.count(rows)
 
     def _take_staged(self) -> None:
         """The writers' queued rows join the tree (one add per queued batch, in arrival order)."""
@@ -266,17 +266,16 @@ class ReplayShard:
     def read(self, name: str, slots: np.ndarray) -> np.ndarray:
         return np.asarray(self.replay.read_rows(name, slots))
 
-    def checkpoint(self) -> ShardSummary:
-        """Save now (with a ``checkpoint_dir``; otherwise nothing to do)."""
-        path = self._checkpoint_path()
+    def flush(self) -> ShardSummary:
+        """Make a durable point now (with a ``durable_dir``; otherwise nothing to do)."""
+        path = self._durable_path()
         if path is not None:
             if self.config.storage == HOST:
                 self.replay.save(path)
             else:
                 self.replay.flush()
-            self.checkpointed = len(self.replay)
-        self._rows_since_checkpoint = 0
-        self._checkpoint_at = time.monotonic()
+            self.flushed_rows = len(self.replay)
+        self._flushes.written()
         return self.summary()
 
     def pid(self) -> int:
@@ -285,11 +284,10 @@ class ReplayShard:
 
     def _changed(self) -> None:
         c = self.config
-        if c.checkpoint_dir is None or c.storage != HOST:  # "disk" makes its durable points itself
+        if c.durable_dir is None or c.storage != HOST:  # "disk" makes its durable points itself
             return
-        due_rows = self._rows_since_checkpoint >= c.checkpoint_every
-        if due_rows or time.monotonic() - self._checkpoint_at >= c.checkpoint_seconds:
-            self.checkpoint()
+        if self._flushes.due():
+            self.flush()
 
 
 __all__ = ["SHARD_STORAGES", "ReplayShard", "ShardConfig", "ShardDraw", "ShardSummary", "validate_rows"]

@@ -95,12 +95,12 @@ class ShardedReplay:
         address: a Ray cluster to join (``"auto"``, ``"ray://..."``, ``"127.0.0.1:6379"``);
             ``None`` starts a local Ray instance (or uses the one this process has).
         storage: each shard's storage, ``"host"`` (the default) or ``"disk"``
-            (ring files under ``checkpoint_dir``, for shards larger than RAM).
+            (ring files under ``durable_dir``, for shards larger than RAM).
         storage_options: the shard storage's keyword arguments (``"disk"``: ``ram_bytes``, ``read_threads``).
-        checkpoint_dir: where shards checkpoint (a directory every shard's node
+        durable_dir: where shards make their durable points (a directory every shard's node
             can write: local disk for one machine, a shared file system for a
-            cluster). ``None``: no checkpoints; a restarted shard starts empty.
-        checkpoint_every, checkpoint_seconds: a shard checkpoints after this many
+            cluster). ``None``: none; a restarted shard starts empty.
+        flush_every, flush_seconds: a shard makes a durable point after this many
             added rows or this many seconds, whichever first (checked at each call).
             The loss window of a shard that dies is what it took in since.
         name: the shards' name prefix (named Ray actors); default a fresh unique name.
@@ -145,9 +145,9 @@ class ShardedReplay:
         address: str | None = None,
         storage: str = HOST,
         storage_options: Mapping[str, Any] | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_every: int = 10_000,
-        checkpoint_seconds: float = 60.0,
+        durable_dir: str | None = None,
+        flush_every: int = 10_000,
+        flush_seconds: float = 60.0,
         name: str | None = None,
         detached: bool = False,
         stage_rows: int = 4096,
@@ -158,16 +158,16 @@ class ShardedReplay:
     ) -> None:
         check_int(num_shards, "num_shards", 1, 2**15)
         check_int(capacity_per_shard, "capacity_per_shard", 1, MAX_CAPACITY)
-        check_int(checkpoint_every, "checkpoint_every", 1, 2**62)
+        check_int(flush_every, "flush_every", 1, 2**62)
         check_int(max_redraws, "max_redraws", 0, 2**20)
         check_int(stage_rows, "stage_rows", 0, 2**40)
         staleness = _sharded_staleness(staleness)
-        for arg, value in (("checkpoint_seconds", checkpoint_seconds), ("recovery_timeout", recovery_timeout)):
+        for arg, value in (("flush_seconds", flush_seconds), ("recovery_timeout", recovery_timeout)):
             check_real(value, arg, positive=True, finite=False)
         if storage not in SHARD_STORAGES:
             raise ValueError(f"storage must be one of {SHARD_STORAGES} for a shard, got {storage!r}")
-        if storage != HOST and checkpoint_dir is None:
-            raise ValueError(f"storage={storage!r} shards need checkpoint_dir= (their ring files go there)")
+        if storage != HOST and durable_dir is None:
+            raise ValueError(f"storage={storage!r} shards need durable_dir= (their ring files go there)")
         if detached and address is None:
             raise ValueError(
                 "detached=True keeps shards alive after this process: it needs a running cluster's address="
@@ -183,14 +183,14 @@ class ShardedReplay:
         config = ShardConfig(
             capacity=int(capacity_per_shard), schema=schema.to_json(), options=asdict(per), storage=storage,
             storage_options=dict(storage_options) if storage_options else None,
-            checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
-            checkpoint_every=int(checkpoint_every), checkpoint_seconds=float(checkpoint_seconds),
+            durable_dir=None if durable_dir is None else str(durable_dir),
+            flush_every=int(flush_every), flush_seconds=float(flush_seconds),
             stage_rows=int(stage_rows),
         )  # fmt: skip
-        if checkpoint_dir is not None:
+        if durable_dir is not None:
             import os
 
-            os.makedirs(checkpoint_dir, exist_ok=True)
+            os.makedirs(durable_dir, exist_ok=True)
         self.address = cluster.connect(address)
         self.name = name or f"replay-{uuid.uuid4().hex[:8]}"
         self.detached = bool(detached)
@@ -566,7 +566,7 @@ class ShardedReplay:
         weights = _native.is_weights(priorities, global_min, beta)
         return Sample(data, index, weights)
 
-    # -- replies, failures, checkpoints ----------------------------------------------------------
+    # -- replies, failures, durable points -------------------------------------------------------
 
     def _collect(self) -> None:
         """Wait for the adds' and updates' replies still out; take in their summaries."""
@@ -600,18 +600,18 @@ class ShardedReplay:
         return self._ray.get(method.remote())
 
     def _recover(self, k: int) -> None:
-        """Wait for Ray to restart shard ``k`` (it reloads its checkpoint); take in its new summary."""
+        """Wait for Ray to restart shard ``k`` (it reloads its last durable point); take in its new summary."""
         self._summaries[k] = cluster.wait_for(
             functools.partial(self._reply, self._shards[k].summary), k, self.recovery_timeout
         )
         self.stats["recoveries"] += 1
 
     def flush(self) -> None:
-        """Apply the updates still carried (staleness >= 1), then checkpoint every shard now and wait."""
+        """Apply the updates still carried (staleness >= 1), then a durable point of every shard now, and wait."""
         with self._lock:
             self._deliver_held_back()
             self._collect()
-            refs = [h.checkpoint.remote() for h in self._shards]
+            refs = [h.flush.remote() for h in self._shards]
             for k, ref in enumerate(refs):
                 self._summaries[k] = cluster.wait_for(functools.partial(self._ray.get, ref), k, self.recovery_timeout)
 
@@ -641,15 +641,15 @@ class ShardedReplay:
         raise TypeError("the priorities of a ShardedReplay live on its shards: see replay.summaries")
 
     def state_dict(self) -> dict[str, Any]:
-        """Refused: shards checkpoint themselves (``checkpoint_dir=``, :meth:`flush`)."""
+        """Refused: shards make durable points themselves (``durable_dir=``, :meth:`flush`)."""
         raise TypeError(_NOT_IN_ONE_PROCESS)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Refused: shards restore their own checkpoints when Ray restarts them."""
+        """Refused: shards reload their own durable points when Ray restarts them."""
         raise TypeError(_NOT_IN_ONE_PROCESS)
 
     def save(self, path: Any) -> None:
-        """Refused: shards checkpoint themselves (``checkpoint_dir=``, :meth:`flush`)."""
+        """Refused: shards make durable points themselves (``durable_dir=``, :meth:`flush`)."""
         raise TypeError(_NOT_IN_ONE_PROCESS)
 
     def shard_pids(self) -> list[int]:
@@ -681,7 +681,7 @@ class ShardedReplay:
 
 
 _NOT_IN_ONE_PROCESS = (
-    "a ShardedReplay's state is not in one process: its shards checkpoint themselves (checkpoint_dir=, flush()); "
+    "a ShardedReplay's state is not in one process: its shards make durable points themselves (durable_dir=, flush()); "
     "other processes add through replay.writer(), and a restarted learner uses ShardedReplay.attach(name)"
 )
 

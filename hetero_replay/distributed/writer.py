@@ -12,7 +12,7 @@ proceed concurrently. The shard queues a writer's rows and takes them into its
 tree during the learner's next call to it, so writers never make a learner's
 draw stale; the rows become sampleable one learner call later (see :mod:`.shard`). A shard that dies
 under an add is waited for (Ray restarts it) and the rows are sent again: the
-rows it had not checkpointed are its loss window.
+rows it had not flushed_rows are its loss window.
 """
 
 from __future__ import annotations
