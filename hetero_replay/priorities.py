@@ -142,7 +142,7 @@ class Priorities:
 
         A late priority update (one computed from a batch drawn at epoch ``e``)
         must not land on a slot that holds another transition by now; see
-        :meth:`overwritten_since`. Costs 8 bytes per slot, so it is off until a
+        :meth:`update_since`. Costs 8 bytes per slot, so it is off until a
         relaxed pipeline asks for it. Slots written before count as written at
         epoch 0.
         """
@@ -159,7 +159,7 @@ class Priorities:
             self._epoch += 1
             self._written_at[_host(indices)] = self._epoch
 
-    def overwritten_since(self, indices: Any, epoch: int | np.ndarray) -> np.ndarray | None:
+    def _overwritten_since(self, indices: Any, epoch: int | np.ndarray) -> np.ndarray | None:
         """Mask of ``indices`` whose slot was written after ``epoch``; ``None`` when none was.
 
         ``epoch`` is one epoch for all entries or one per entry (a sharded
@@ -167,7 +167,7 @@ class Priorities:
         Indices out of range are left for the update to refuse.
         """
         if self._written_at is None:
-            raise RuntimeError("overwritten_since needs track_writes() first")
+            raise RuntimeError("update_since needs track_writes() first")
         per_entry = np.ndim(epoch) > 0
         if not per_entry and epoch >= self._epoch:
             return None
@@ -249,7 +249,7 @@ class Priorities:
                 count the entries not dropped), or a number of TD errors other
                 than the number of indices; nothing changes on error.
         """
-        stale = self.overwritten_since(indices, epoch)
+        stale = self._overwritten_since(indices, epoch)
         dropped = 0
         if stale is not None:
             count = _size(td_errors)

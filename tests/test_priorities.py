@@ -1,0 +1,95 @@
+"""``Priorities.update_since``: the one rule for late priority updates, which every replay and adapter uses.
+
+An update computed from a batch drawn at write epoch ``e`` drops the entries
+whose slot was written after ``e``; with ``keep_undo`` it returns a snapshot
+that ``restore`` undoes the update with exactly; a refused call changes nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hetero_replay import PEROptions
+from hetero_replay.priorities import Priorities
+
+
+def tracked(capacity: int = 8, filled: int = 6) -> tuple[Priorities, int]:
+    """Priorities with ``filled`` slots written, then slot 0 rewritten; returns them and the epoch in between."""
+    p = Priorities(capacity, PEROptions(alpha=1.0, eps=0.5))
+    p.track_writes()
+    p.assign_new(np.arange(filled))
+    epoch = p.write_epoch
+    p.assign_new(np.array([0]))
+    return p, epoch
+
+
+def test_entries_of_rewritten_slots_are_dropped_the_rest_land() -> None:
+    p, epoch = tracked()
+    dropped, snapshot = p.update_since(np.array([0, 1, 2]), np.array([5.0, 6.0, 7.0]), epoch)
+    assert (dropped, snapshot) == (1, None)
+    np.testing.assert_array_equal(p.leaves()[:3], [1.0, 6.5, 7.5])  # slot 0 keeps its new transition's priority
+    assert p.max_priority == 7.5
+    # drawn now: nothing was rewritten since, every entry lands
+    assert p.update_since(np.array([0]), np.array([1.0]), p.write_epoch) == (0, None)
+    assert p.leaves()[0] == 1.5
+
+
+def test_one_epoch_per_entry() -> None:
+    p, epoch = tracked()
+    # slot 0 as drawn before its rewrite, slot 0 as drawn after it, slot 1 as drawn before its first write
+    epochs = np.array([epoch, p.write_epoch, 0])
+    dropped, _ = p.update_since(np.array([0, 0, 1]), np.array([3.0, 4.0, 2.0]), epochs)
+    assert dropped == 2
+    np.testing.assert_array_equal(p.leaves()[:2], [4.5, 1.0])
+
+
+def test_keep_undo_restores_exactly_what_the_update_changed() -> None:
+    p, epoch = tracked()
+    p.update(np.array([3]), np.array([2.0]))
+    before, max_before = p.leaves(), p.max_priority
+    dropped, snapshot = p.update_since(np.array([0, 3, 4]), np.array([9.0, 8.0, 7.0]), epoch, keep_undo=True)
+    assert dropped == 1 and snapshot is not None
+    np.testing.assert_array_equal(snapshot.indices, [3, 4])  # the entries kept: the slots the update changed
+    assert p.max_priority == 8.5
+    p.restore(snapshot)
+    np.testing.assert_array_equal(p.leaves(), before)
+    assert p.max_priority == max_before
+
+
+def test_torch_td_errors_are_selected_where_they_live() -> None:
+    p, epoch = tracked()
+    dropped, _ = p.update_since(np.array([0, 2]), torch.tensor([3.0, 4.0]), epoch)
+    assert dropped == 1 and p.leaves()[2] == 4.5
+
+
+@pytest.mark.parametrize("stale", [True, False], ids=["stale-entries", "none-stale"])
+def test_refused_calls_change_nothing(stale: bool) -> None:
+    p, epoch = tracked()
+    at = epoch if stale else p.write_epoch
+    before = p.leaves()
+    with pytest.raises(ValueError, match="TD errors|priorities"):
+        p.update_since(np.array([0, 1, 2]), np.array([1.0, 2.0]), at)
+    with pytest.raises(ValueError):
+        p.update_since(np.array([1, 2]), np.array([1.0, np.nan]), at)
+    with pytest.raises(IndexError, match="position 1 is 7, which holds no stored transition"):
+        p.update_since(np.array([1, 7]), np.array([1.0, 2.0]), at, filled_only=True)
+    with pytest.raises(IndexError):
+        p.update_since(np.array([1, 7]), np.array([1.0, 2.0]), at, limit=6)
+    np.testing.assert_array_equal(p.leaves(), before)
+    assert p.max_priority == 1.0
+
+
+def test_needs_track_writes() -> None:
+    p = Priorities(4)
+    with pytest.raises(RuntimeError, match="track_writes"):
+        p.update_since(np.array([0]), np.array([1.0]), 0)
+
+
+def test_check_filled_names_the_first_empty_slot() -> None:
+    p, _ = tracked()
+    p.check_filled(np.array([0, 5]))
+    p.clear(np.array([5]))
+    with pytest.raises(IndexError, match="position 1 is 5"):
+        p.check_filled(np.array([0, 5]))
