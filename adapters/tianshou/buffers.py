@@ -271,6 +271,8 @@ class _TreePriorities:
     priorities: Priorities
     placement: Placement | None
     _weight_norm: bool
+    #: Tianshou's record of the constructor's options (``ReplayBuffer.__init__`` sets it).
+    options: dict[str, Any]
     _rng: np.random.Generator
     _lock: ForkSafeLock
     #: Where and when durable points are written; ``None``: never (also for pickled and deep copies).
@@ -793,8 +795,9 @@ def _has_null(arr: Any, ranges: list[tuple[int, int]]) -> bool:
     return any(bool(pd.isnull(arr[a:b]).any()) for a, b in ranges)  # objects: None, NaN, NaT
 
 
-# The ignore: _TreePriorities.weight deliberately replaces Tianshou's SegmentTree with a PriorityWeights view.
-class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  # type: ignore[misc]
+# The ignore: _TreePriorities.weight deliberately replaces Tianshou's SegmentTree with a PriorityWeights view,
+# and _alpha, _beta, _max_prio, _min_prio its attributes with read-only views of the priorities.
+class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  # type: ignore[misc,override]
     """Tianshou's ``PrioritizedReplayBuffer`` with priorities in a hetero-replay sum tree.
 
     For a single environment; use :class:`HeteroPrioritizedVectorReplayBuffer` with a
@@ -1007,8 +1010,9 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
         return ptr
 
 
-# The ignore: _TreePriorities.weight deliberately replaces Tianshou's SegmentTree with a PriorityWeights view.
-class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorReplayBuffer):  # type: ignore[misc]
+# The ignore: _TreePriorities.weight deliberately replaces Tianshou's SegmentTree with a PriorityWeights view,
+# and _alpha, _beta, _max_prio, _min_prio its attributes with read-only views of the priorities.
+class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorReplayBuffer):  # type: ignore[misc,override]
     """Tianshou's ``PrioritizedVectorReplayBuffer`` with priorities in a hetero-replay sum tree.
 
     ``buffer_num`` sub-buffers of ``ceil(total_size / buffer_num)`` transitions each,
