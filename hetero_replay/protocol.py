@@ -47,14 +47,22 @@ class Replay(Protocol):
     global maximum weight. Every method may be called from several threads.
     """
 
-    #: The PER options the replay was built with (``alpha``, ``beta``, ``eps`` below are the current values).
-    options: PEROptions
-    #: The fields of a transition.
-    schema: Schema
-    #: The generator the draws come from: the same seed and calls give the same samples.
-    rng: np.random.Generator
-
     # -- size and settings -------------------------------------------------------------------
+
+    @property
+    def options(self) -> PEROptions:
+        """The PER options the replay was built with (``alpha``, ``beta``, ``eps`` below are the current values)."""
+        ...
+
+    @property
+    def schema(self) -> Schema:
+        """The fields of a transition."""
+        ...
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The generator the draws come from: the same seed and calls give the same samples."""
+        ...
 
     @property
     def capacity(self) -> int:

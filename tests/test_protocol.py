@@ -15,7 +15,7 @@ SCHEMA = {"obs": ((3,), "float32"), "reward": ((), "float32")}
 def protocol_members() -> set[str]:
     """The names :class:`Replay` declares (methods, properties and attributes)."""
     names = {n for n, v in vars(Replay).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))}
-    return names | set(Replay.__annotations__) | {"__len__"}
+    return names | {"__len__"}
 
 
 def rows(n: int, start: int = 0) -> dict[str, np.ndarray]:
