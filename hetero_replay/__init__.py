@@ -1,7 +1,8 @@
 """hetero-replay: prioritized experience replay for Stable-Baselines3 and Tianshou.
 
 The core (this package) never imports SB3 or Tianshou; their adapters live in
-:mod:`hetero_replay.adapters`. Tree backends and storages are listed in
+:mod:`hetero_replay.adapters` and build on this facade and
+:mod:`hetero_replay.extend`. Tree backends and storages are listed in
 :mod:`hetero_replay.registry`; other packages add theirs with
 :func:`register_backend` / :func:`register_storage` or an entry point.
 """
@@ -12,6 +13,7 @@ from hetero_replay._native import num_threads, set_num_threads
 from hetero_replay.distributed import ShardedReplay  # Ray is imported when one is built
 from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions, StalenessOptions
 from hetero_replay.pipeline import RelaxedReplay
+from hetero_replay.placement import DeviceUnavailableError, Placement
 from hetero_replay.priorities import Priorities
 from hetero_replay.protocol import Replay, Sample
 from hetero_replay.registry import backends, register_backend, register_storage, storages
@@ -30,6 +32,8 @@ __all__ = [
     "DEFAULT_EPS",
     "UNSET",
     "PEROptions",
+    "Placement",
+    "DeviceUnavailableError",
     "Priorities",
     "Storage",
     "Field",

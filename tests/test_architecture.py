@@ -35,11 +35,14 @@ LAYERS = [
     ("hetero_replay.pipeline", "hetero_replay.distributed"),  # distributed: shards hold engine buffers
     ("hetero_replay.placement",),
     ("hetero_replay.advisor",),  # knows the host libraries only through their workloads (entry-point strings)
-    ("hetero_replay",),  # the package's facade: what adapters and users import
+    ("hetero_replay", "hetero_replay.extend"),  # the facade (users), and the extension API (adapters, plug-ins)
     ("hetero_replay.adapters",),
     ("hetero_replay.apps",),
 ]
 
+
+#: All an adapter may import of the core: the facade and the extension API (besides other adapter modules).
+ADAPTER_API = {"hetero_replay", "hetero_replay.extend"}
 
 #: Source folder -> the package it is installed as (pyproject.toml's ``wheel.packages``).
 PACKAGES = {
@@ -142,6 +145,17 @@ def test_applications_live_outside_the_core_package():
     assert not in_core, f"application modules inside the core package: {in_core}"
     scripts = project["project"]["scripts"]
     assert all(target.startswith("hetero_replay.apps.") for target in scripts.values()), scripts
+
+
+def test_adapters_import_only_the_facade_and_the_extension_api():
+    beside = [
+        f"{m} imports {dep}"
+        for m, deps in graph().items()
+        if m.startswith("hetero_replay.adapters")
+        for dep in sorted(deps)
+        if dep not in ADAPTER_API and not dep.startswith("hetero_replay.adapters")
+    ]
+    assert not beside, "adapters use hetero_replay and hetero_replay.extend only:\n" + "\n".join(beside)
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):

@@ -17,12 +17,9 @@ import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule, get_device
 
+from hetero_replay import Placement
 from hetero_replay.adapters.sb3.buffers import DictPrioritizedReplayBuffer, PrioritizedReplayBuffer
-from hetero_replay.advisor import Advice
-from hetero_replay.checks import check_staleness, is_real
-from hetero_replay.options import check_beta
-from hetero_replay.placement import Placement, one_policy_placement
-from hetero_replay.torch_batches import same_device
+from hetero_replay.extend import Advice, check_beta, check_staleness, is_real, one_policy_placement, same_device
 
 _log = logging.getLogger("hetero_replay.adapters.sb3")
 #: A model's arguments that say where it runs or what it logs, not what it trains: placement="auto" leaves them out.
@@ -161,7 +158,7 @@ class PERMixin(_OffPolicyBase):
         keeps the staleness asked for, and, where ``device`` is given, that
         learner device.
         """
-        from hetero_replay.advisor import advise
+        from hetero_replay.extend import advise
 
         if placement != "auto":
             raise TypeError(

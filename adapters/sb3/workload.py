@@ -59,19 +59,14 @@ from stable_baselines3.common.utils import ConstantSchedule
 from stable_baselines3.common.vec_env import VecEnv
 
 import hetero_replay
+from hetero_replay import DeviceTree, Placement, PrioritizedReplay, RelaxedReplay
 from hetero_replay.adapters.sb3.buffers import PrioritizedReplayBuffer
 from hetero_replay.adapters.sb3.common import PERMixin
 from hetero_replay.adapters.sb3.dqn import PERDQN
 from hetero_replay.adapters.sb3.sac import PERSAC
 from hetero_replay.adapters.sb3.td3 import PERDDPG, PERTD3
-from hetero_replay.advisor.profile import HOST_REPETITION_S as LONG
-from hetero_replay.advisor.profile import Clock, Timer, Timing
-from hetero_replay.advisor.workload import Candidate, ReplayConfig, WorkloadSpec
-from hetero_replay.checks import check_int
-from hetero_replay.pipeline import AUTO_WINDOW, RelaxedReplay
-from hetero_replay.placement import Placement
-from hetero_replay.replay import PrioritizedReplay
-from hetero_replay.trees.base import DeviceTree
+from hetero_replay.extend import AUTO_WINDOW, Candidate, Clock, ReplayConfig, Timer, Timing, WorkloadSpec, check_int
+from hetero_replay.extend import HOST_REPETITION_S as LONG
 
 #: The advisor's algorithm names -> the PER algorithms that train them.
 ALGORITHMS: dict[str, type[PERMixin]] = {"dqn": PERDQN, "ddpg": PERDDPG, "td3": PERTD3, "sac": PERSAC}

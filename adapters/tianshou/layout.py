@@ -32,9 +32,7 @@ from tianshou.data import Batch
 
 from hetero_replay import PEROptions, ReplayFileError
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook
-from hetero_replay.checks import is_int
-from hetero_replay.storage.durable import DURABLE, read_point
-from hetero_replay.storage.schema import PLAIN_KINDS
+from hetero_replay.extend import DURABLE, PLAIN_KINDS, is_int, read_point
 
 #: Version of the ``"tianshou"`` header section; a file of another version is refused.
 LAYOUT_VERSION = 1

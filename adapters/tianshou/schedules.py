@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hetero_replay.checks import check_int
-from hetero_replay.options import check_beta
+from hetero_replay.extend import check_beta, check_int
 
 #: ``schedule(update_index) -> beta in [0, 1]``.
 BetaSchedule = Callable[[int], float]

@@ -78,16 +78,23 @@ from tianshou.trainer import OffPolicyTrainer, OffPolicyTrainerParams
 from tianshou.utils.torch_utils import policy_within_training_step, torch_train_mode
 
 import hetero_replay
-from hetero_replay import _native
+from hetero_replay import Placement
 from hetero_replay.adapters.tianshou.buffers import HeteroPrioritizedVectorReplayBuffer
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook
 from hetero_replay.adapters.tianshou.schedules import LinearBetaSchedule
 from hetero_replay.adapters.tianshou.weighted_updates import check_supported
 from hetero_replay.adapters.tianshou.wrapper import PEROffPolicyWrapper
-from hetero_replay.advisor.profile import HOST_REPETITION_S, Clock, Timer, Timing
-from hetero_replay.advisor.workload import ALGOS, Candidate, ReplayConfig, WorkloadSpec
-from hetero_replay.checks import check_int
-from hetero_replay.placement import Placement
+from hetero_replay.extend import (
+    ALGOS,
+    HOST_REPETITION_S,
+    Candidate,
+    Clock,
+    ReplayConfig,
+    Timer,
+    Timing,
+    WorkloadSpec,
+    check_int,
+)
 
 #: Priority exponent and the IS-weight exponent's linear schedule of the PER setups.
 ALPHA, BETA_START, BETA_END = 0.6, 0.4, 1.0
@@ -479,6 +486,8 @@ class TianshouWorkload:
             clock.watch(setup.trainer, "_sample_and_update", f"{name}/learn")
             for primitive, method in _PRIMITIVES.items():
                 clock.watch(setup.buffer, method, f"{name}/{primitive}")
+            # With staleness the wrapper applies its deferred updates through update_weight_since instead.
+            clock.watch(setup.buffer, "update_weight_since", f"{name}/update")
 
         def training_steps() -> None:
             for setup in setups.values():
@@ -587,11 +596,9 @@ class _Source:
             book.ep_return[:] = 0.0
             buffer._lengths[:] = size
             buffer.last_index[:] = buffer._offset + size - 1
-            # One bulk load through the engine: chunked updates cost a device tree seconds at N = 10^6.
-            priorities = buffer.priorities
+            # One bulk update through the engine: chunked updates cost a device tree seconds at N = 10^6.
             td = np.abs(rng.standard_normal(buffer.maxsize))
-            leaves, max_raw = _native.td_priorities(td, priorities.alpha, priorities.eps, priorities.tree.dtype)
-            priorities.load(leaves, max_priority=max(max_raw, priorities.max_priority))
+            buffer.priorities.update(np.arange(buffer.maxsize), td)
 
 
 def _time_inference(setup: _Setup, source: _Source, timer: Timer, sync: Callable[[], Any]) -> Timing:

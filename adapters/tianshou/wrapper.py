@@ -59,14 +59,20 @@ from tianshou.algorithm.algorithm_base import (
 from tianshou.data import PrioritizedReplayBuffer, PrioritizedReplayBufferManager, ReplayBuffer
 from tianshou.data.types import RolloutBatchProtocol
 
+from hetero_replay import Placement
 from hetero_replay.adapters.tianshou.buffers import HeteroPrioritizedReplayBuffer, HeteroPrioritizedVectorReplayBuffer
 from hetero_replay.adapters.tianshou.schedules import BetaSchedule, checked_beta
 from hetero_replay.adapters.tianshou.sharded import ShardedVectorReplayBuffer, check_sharded_training
 from hetero_replay.adapters.tianshou.weighted_updates import check_supported, weighted_update
-from hetero_replay.advisor import Advice, AutoPlacement, advise
-from hetero_replay.checks import check_staleness
-from hetero_replay.placement import Placement, one_policy_placement
-from hetero_replay.schedule import PendingUpdate, Schedule
+from hetero_replay.extend import (
+    Advice,
+    AutoPlacement,
+    PendingUpdate,
+    Schedule,
+    advise,
+    check_staleness,
+    one_policy_placement,
+)
 
 _log = logging.getLogger("hetero_replay.adapters.tianshou")
 
