@@ -265,8 +265,8 @@ def register_storage(
     description: str = "",
     device_placement: bool = False,
     threaded: bool = False,
-    override: bool = False,
     device_batches: bool = True,
+    override: bool = False,
 ) -> StorageSpec:
     """Register a storage under ``name``.
 
@@ -278,9 +278,9 @@ def register_storage(
         check, extra, description, threaded, override: as for :func:`register_backend`.
         device_placement: chosen by a device name of ``devices`` instead of
             ``name`` (the built-in ``"torch"`` storage takes ``storage="cuda:1"``).
-
         device_batches: whether its buffers may deliver batches to a learner's
             device (see :attr:`StorageSpec.device_batches`).
+
     Returns:
         The registered :class:`StorageSpec`.
     """
@@ -288,8 +288,8 @@ def register_storage(
         **_common(name, factory, devices, check, extra, description),
         device_placement=bool(device_placement),
         threaded=bool(threaded),
-    )
         device_batches=bool(device_batches),
+    )
     _add(_storages, spec, override)
     return spec
 

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hetero_replay.replay import PrioritizedReplay
 from hetero_replay.storage import checkpoint
 from hetero_replay.storage.checkpoint import ReplayFileError
-from hetero_replay.replay import PrioritizedReplay
 from tests.conftest import SCHEMA, make_batch
 
 pytestmark = pytest.mark.slow

@@ -519,7 +519,7 @@ def test_sampling_an_empty_buffer_is_a_clear_error(kind: str) -> None:
         (dict(total_size=100.0), TypeError, "total_size"),
         (dict(buffer_num="4"), TypeError, "buffer_num"),
         (dict(stratified="no"), TypeError, "stratified must be True or False, got str"),
-        (dict(weight_norm="yes"), TypeError, "weight_norm must be a bool"),
+        (dict(weight_norm="yes"), TypeError, "weight_norm must be True or False"),
         (dict(random_seed=1.5), TypeError, "random_seed must be an integer or None, got float"),
         (dict(fanout="16"), TypeError, "fanout"),
         (dict(stack_num=0), ValueError, "stack_num"),

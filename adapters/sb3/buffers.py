@@ -744,8 +744,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         replay_class, replay_state = state.pop("_replay")
         newest_next_obs = state.pop("_newest_next_obs", None)
         self.__dict__.update(state)
-        self._replay = replay_class.__new__(replay_class)
-        self._replay.__setstate__(replay_state)
+        replay = replay_class.__new__(replay_class)
+        replay.__setstate__(replay_state)
+        self._replay = replay
         if newest_next_obs is not None:
             self._replay.write_rows(self.pos * self.n_envs, {"obs": newest_next_obs})
         self._stage_new()

@@ -418,6 +418,7 @@ class SB3Workload:
         engine = buffer.replay
         # A relaxed buffer's wrapped engine, before its first sample: nothing is scheduled yet.
         core = engine.replay if isinstance(engine, RelaxedReplay) else engine
+        assert isinstance(core, PrioritizedReplay)  # (the advisor profiles buffers in this process)
         if len(core) != 0:
             raise ValueError(f"fill needs an empty buffer, this one holds {len(core)} transitions")
         rows = self._rows(core)

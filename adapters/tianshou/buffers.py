@@ -95,16 +95,24 @@ from tianshou.data.batch import IndexType
 from tianshou.data.types import PrioBatchProtocol, RolloutBatchProtocol
 from tianshou.data.utils.converter import to_hdf5
 
-from hetero_replay import UNSET, DeviceTree, PEROptions, Priorities, ReplayFileError, SumTree
+from hetero_replay import UNSET, DeviceTree, PEROptions, Placement, Priorities, ReplayFileError, SumTree
 from hetero_replay.adapters.tianshou import layout
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer, add_rows, storable
 from hetero_replay.adapters.tianshou.staging import Staged, commit, stage
-from hetero_replay.checks import MAX_BATCH, check_bool, check_int, check_seed
-from hetero_replay.forksafe import OUTER, ForkSafeLock, holding
-from hetero_replay.options import check_batch_size
-from hetero_replay.placement import HOST, Placement
-from hetero_replay.storage.durable import DurableFile, FlushSchedule, check_path
-from hetero_replay.priorities import Normalise
+from hetero_replay.extend import (
+    HOST,
+    MAX_BATCH,
+    OUTER,
+    DurableFile,
+    FlushSchedule,
+    ForkSafeLock,
+    Normalise,
+    check_bool,
+    check_int,
+    check_path,
+    check_seed,
+    holding,
+)
 
 #: The keys ``ReplayBuffer.__getitem__`` always returns (filled with empty Batches if not stored).
 _ROW_KEYS = frozenset(ReplayBuffer._reserved_keys)
@@ -125,21 +133,6 @@ def _holding(*buffers: Any) -> Iterator[None]:
 # -- argument checks ------------------------------------------------------------------------
 
 
-def _count(value: Any, name: str) -> int:
-    """``value`` as a positive int; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
-
-
-def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
-
-
 def _check_arguments(
     options: PEROptions | None, per: dict[str, Any], weight_norm: Any, random_seed: Any, kwargs: dict[str, Any]
 ) -> PEROptions:
@@ -153,17 +146,14 @@ def _check_arguments(
     merged = PEROptions.of(options, **per)
     if merged.eps <= 0:  # the one rule of our own: stored transitions are the slots with a positive priority
         raise ValueError(f"eps must be > 0 (so no stored transition has priority 0), got {merged.eps!r}")
-    _flag(weight_norm, "weight_norm")
-    if random_seed is not None and (
-        isinstance(random_seed, (bool, np.bool_)) or not isinstance(random_seed, (int, np.integer))
-    ):
-        raise TypeError(f"random_seed must be an integer or None, got {type(random_seed).__name__} {random_seed!r}")
+    check_bool(weight_norm, "weight_norm")
+    check_seed(random_seed, "random_seed")
     unknown = sorted(set(kwargs) - set(_STORAGE_OPTIONS) - {"sample_avail"})
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {unknown}; storage options are {_STORAGE_OPTIONS}")
-    _count(kwargs.get("stack_num", 1), "stack_num")
+    check_int(kwargs.get("stack_num", 1), "stack_num", low=1)
     for name in ("ignore_obs_next", "save_only_last_obs", "sample_avail"):
-        _flag(kwargs.get(name, False), name)
+        check_bool(kwargs.get(name, False), name)
     if kwargs.get("sample_avail", False):
         raise ValueError(
             "sample_avail=True is not supported: prioritized sampling draws from every stored "
@@ -172,11 +162,12 @@ def _check_arguments(
     return merged
 
 
-def _check_batch_size(batch_size: Any) -> None:
-    if batch_size is not None and (
-        isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer))
-    ):
-        raise TypeError(f"batch_size must be an integer or None, got {type(batch_size).__name__} {batch_size!r}")
+def _drawn_count(batch_size: Any) -> int:
+    """How many transitions a ``sample`` call draws by priority: ``batch_size``, checked once here,
+    or 0 where Tianshou's own meaning applies (``None``, 0, a negative size)."""
+    if batch_size is None:
+        return 0
+    return max(check_int(batch_size, "batch_size", high=MAX_BATCH), 0)
 
 
 def _td_magnitudes(td_errors: Any) -> np.ndarray:
@@ -515,10 +506,10 @@ class _TreePriorities:
             TypeError: ``batch_size`` is neither an integer nor ``None`` (a bool is not an integer).
             ValueError: a positive ``batch_size`` and an empty buffer.
         """
-        _check_batch_size(batch_size)
+        n = _drawn_count(batch_size)
         with self._lock:
-            if batch_size is not None and batch_size > 0:
-                return self._draw(batch_size)[0]
+            if n:
+                return self._draw(n)[0]
             return super().sample_indices(batch_size)  # type: ignore[misc]
 
     def sample(self, batch_size: int | None) -> tuple[PrioBatchProtocol, np.ndarray]:
@@ -526,11 +517,11 @@ class _TreePriorities:
 
         Other sizes as :meth:`sample_indices`; errors as there.
         """
-        _check_batch_size(batch_size)
+        n = _drawn_count(batch_size)
         with self._lock:
-            if batch_size is None or batch_size <= 0:
+            if not n:
                 return super().sample(batch_size)  # type: ignore[misc]
-            indices, weights = self._draw(batch_size, self._normalise)
+            indices, weights = self._draw(n, self._normalise)
             batch = self._rows(indices)
         batch.__dict__["weight"] = weights  # a float32 array: nothing for Batch to parse
         return batch, indices
@@ -711,16 +702,17 @@ class _TreePriorities:
         return super(PrioritizedReplayBuffer, self).__getitem__(indices)  # type: ignore[misc]
 
     def _draw(self, batch_size: int, normalise: Normalise = "global") -> tuple[np.ndarray, np.ndarray]:
-        """``(indices, IS weights)`` of ``batch_size`` transitions drawn by priority. Hold the lock.
+        """``(indices, IS weights)`` of ``batch_size`` (checked: ``_drawn_count``) transitions drawn by priority.
+
+        Hold the lock.
 
         Through :meth:`~hetero_replay.Priorities.draw`: a buffer holding a
         transition holds a positive priority (``eps > 0``), so the core's check
         for a positive total, a sync on a device tree, is not needed.
         """
-        n = check_batch_size(batch_size)
         if len(self) == 0:  # type: ignore[arg-type]
             raise ValueError(f"cannot sample {batch_size} transitions from an empty buffer; add transitions first")
-        return self.priorities.draw(n, self._rng, self.priorities.beta, normalise)
+        return self.priorities.draw(batch_size, self._rng, self.priorities.beta, normalise)
 
     def _stored_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """``(starts, stops)``: global index range ``[start, stop)`` of each sub-buffer's stored rows."""
@@ -913,7 +905,7 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
         flush_seconds: float = 60.0,
         **kwargs: Any,
     ) -> None:
-        size = _count(size, "size")
+        size = check_int(size, "size", low=1)
         per = dict(alpha=alpha, beta=beta, eps=eps, tree=backend, fanout=fanout, stratified=stratified)
         options = _check_arguments(options, per, weight_norm, random_seed, kwargs)
         durable = DurableFile.new(durable_path, flush_every, flush_seconds)
@@ -1066,8 +1058,8 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         flush_seconds: float = 60.0,
         **kwargs: Any,
     ) -> None:
-        buffer_num = _count(buffer_num, "buffer_num")
-        if _count(total_size, "total_size") < buffer_num:
+        buffer_num = check_int(buffer_num, "buffer_num", low=1)
+        if check_int(total_size, "total_size", low=1) < buffer_num:
             raise ValueError(f"total_size must be >= buffer_num={buffer_num}, got {total_size!r}")
         per = dict(alpha=alpha, beta=beta, eps=eps, tree=backend, fanout=fanout, stratified=stratified)
         options = _check_arguments(options, per, weight_norm, random_seed, kwargs)

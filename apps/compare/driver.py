@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from hetero_replay.apps.compare.base import RunResult, RunSpec, runner_for
-from hetero_replay.pipeline import check_staleness
+from hetero_replay.checks import check_staleness
 
 
 def build_specs(
