@@ -26,7 +26,9 @@ def rows(n: int, start: int = 0) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("cls", [PrioritizedReplay, RelaxedReplay, ShardedReplay])
 def test_every_replay_class_defines_the_whole_protocol(cls: type) -> None:
     defined = {name for name, _ in inspect.getmembers(cls)}
-    missing = sorted(protocol_members() - defined - {"options", "schema", "rng", "capacity"})  # may be instance attributes
+    missing = sorted(
+        protocol_members() - defined - {"options", "schema", "rng", "capacity"}
+    )  # may be instance attributes
     assert missing == [], f"{cls.__name__} lacks {missing}"
 
 
