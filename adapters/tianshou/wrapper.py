@@ -59,7 +59,7 @@ from tianshou.algorithm.algorithm_base import (
 from tianshou.data import PrioritizedReplayBuffer, PrioritizedReplayBufferManager, ReplayBuffer
 from tianshou.data.types import RolloutBatchProtocol
 
-from hetero_replay import Placement
+from hetero_replay import Placement, StalenessOptions
 from hetero_replay.adapters.tianshou.buffers import HeteroPrioritizedReplayBuffer, HeteroPrioritizedVectorReplayBuffer
 from hetero_replay.adapters.tianshou.schedules import BetaSchedule, checked_beta
 from hetero_replay.adapters.tianshou.sharded import ShardedVectorReplayBuffer, check_sharded_training
@@ -70,7 +70,6 @@ from hetero_replay.extend import (
     PendingUpdate,
     Schedule,
     advise,
-    check_staleness,
     one_policy_placement,
 )
 
@@ -196,7 +195,9 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         if not (callable(beta) or isinstance(beta, (int, float))):
             raise TypeError(f"beta must be a number or a schedule update -> beta, got {type(beta).__name__}")
         checked_beta(beta(0) if callable(beta) else beta, "beta")
-        staleness = check_staleness(staleness)
+        # The wrapper runs the schedule on the learner's thread: nothing is drawn ahead.
+        schedule_options = StalenessOptions(staleness, worker="inline")
+        staleness = schedule_options.staleness
         advice = None
         if isinstance(placement, str) and placement != "auto":
             raise TypeError(
@@ -209,6 +210,7 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
         if placement is not None:
             placement = one_policy_placement(placement, "Tianshou")
         super().__init__(wrapped_algorithm=wrapped_algorithm)
+        self.schedule_options = schedule_options
         self.staleness = staleness
         # Priority updates held back (staleness >= 1); its steps are the updates sampled in this process.
         self._schedule = Schedule(staleness)
