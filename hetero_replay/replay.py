@@ -398,13 +398,13 @@ class PrioritizedReplay:
             ValueError: ``path`` holds no buffer, or processes of the previous run still write to it.
             ReplayFileError: the durable point is damaged.
         """
-        placement, header = durable_point(path)
+        storage_name, header = durable_point(path)
         cfg = header["config"]
         return cls(
             int(cfg["capacity"]),
             Schema.from_json(cfg["schema"]),
             options=PEROptions.from_config(cfg, tree),
-            storage=placement,
+            storage=storage_name,
             storage_options={**storage_options, "path": os.fspath(path), "reopen": True},
         )
 
