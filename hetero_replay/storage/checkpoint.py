@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from hetero_replay.checks import is_int, is_real
-from hetero_replay.storage.schema import PLAIN_KINDS
+from hetero_replay.storage.schema import PLAIN_KINDS, Schema
 from hetero_replay.trees.base import MAX_CAPACITY
 
 try:
@@ -415,18 +415,7 @@ def _check_header(header: Mapping[str, Any], path: Path) -> None:
     require(_plain_dtype(cfg["priority_dtype"], "f") is not None, f"priority dtype {_short(cfg['priority_dtype'])}")
     require(isinstance(cfg["stratified"], bool), f"stratified {_short(cfg['stratified'])} is not a bool")
 
-    schema = cfg["schema"]
-    require(isinstance(schema, dict) and len(schema) > 0, "the schema is not a non-empty mapping")
-    item_bytes = 0
-    for name, field in schema.items():
-        require(
-            isinstance(field, dict)
-            and name != ""
-            and _is_shape(field.get("shape"), MAX_FIELD_DIMS)
-            and _canonical_dtype(field.get("dtype")),
-            f"field {_short(name)}: {_short(field)} is not a shape and a plain numeric dtype",
-        )
-        item_bytes += math.prod(field["shape"]) * np.dtype(field["dtype"]).itemsize
+    item_bytes = _check_schema(cfg["schema"], require)
     require(capacity * item_bytes <= MAX_STORAGE_BYTES, f"capacity {capacity} x {item_bytes} bytes per transition")
 
     size: Any = header.get("size")
@@ -451,6 +440,42 @@ def _check_header(header: Mapping[str, Any], path: Path) -> None:
             and _canonical_dtype(spec.get("dtype")),
             f"manifest entry {_short(name)}: {_short(spec)}",
         )
+
+
+def _check_schema(schema: Any, require: Any) -> int:
+    """A schema as JSON (``{name: {"shape": [...], "dtype": "<f4"}}``): its bytes per transition."""
+    require(isinstance(schema, dict) and len(schema) > 0, "the schema is not a non-empty mapping")
+    item_bytes = 0
+    for name, field in schema.items():
+        require(
+            isinstance(field, dict)
+            and name != ""
+            and _is_shape(field.get("shape"), MAX_FIELD_DIMS)
+            and _canonical_dtype(field.get("dtype")),
+            f"field {_short(name)}: {_short(field)} is not a shape and a plain numeric dtype",
+        )
+        item_bytes += math.prod(field["shape"]) * np.dtype(field["dtype"]).itemsize
+    return item_bytes
+
+
+def read_schema(blob: bytes, where: str) -> Schema:
+    """The :class:`Schema` whose JSON is ``blob``, read from a file; ``ReplayFileError`` naming ``where`` otherwise."""
+
+    def require(ok: bool, what: str) -> None:
+        if not ok:
+            raise ReplayFileError(f"{where}: damaged schema ({what})")
+
+    try:
+        value = json.loads(blob)
+    except RecursionError as e:
+        raise ReplayFileError(f"{where}: damaged schema (nested too deeply)") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ReplayFileError(f"{where}: damaged schema (not JSON: {e})") from e
+    _check_schema(value, require)
+    try:
+        return Schema.from_json(value)
+    except (TypeError, ValueError) as e:
+        raise ReplayFileError(f"{where}: damaged schema ({e})") from e
 
 
 def _check_durable(section: Any, require: Any) -> None:

@@ -35,10 +35,13 @@ import numpy as np
 
 from hetero_replay import _native
 from hetero_replay.checks import check_real
+from hetero_replay.storage import checkpoint
 from hetero_replay.storage.base import check_host_batch
+from hetero_replay.storage.checkpoint import MAX_HEADER_BYTES, MAX_STORAGE_BYTES, ReplayFileError
 from hetero_replay.storage.schema import Schema
+from hetero_replay.trees.base import MAX_CAPACITY
 
-MAGIC = 0x48524E47_00000001  # "HRNG", format 1
+MAGIC = 0x48524E47_00000002  # "HRNG", format 2 (disk records carry a checksum)
 MAX_WRITERS = 4096  # writer tags are 14 bits (ring_slots.hpp); each process takes one while it lives
 TICKET_BITS = 48
 TICKET_MASK = (1 << TICKET_BITS) - 1
@@ -48,6 +51,7 @@ _LOOK_AFTER = 0.25
 # Header words.
 _MAGIC, _CAPACITY, _ROW_BYTES, _COUNTER, _CLOSED, _SCHEMA_BYTES, _PAYLOAD_OFFSET = range(7)
 _HEADER_WORDS = 16
+_SCHEMA_AT = 8 * (_HEADER_WORDS + 2 * MAX_WRITERS)  # the schema's JSON follows the header and the writer table
 _PAGE = 4096
 
 
@@ -79,28 +83,19 @@ class RingControl:
     """
 
     def __init__(self, path: str, fd: int, mapping: mmap.mmap) -> None:
+        """Map the control block in ``mapping`` once :func:`_check_layout` accepts it (``ReplayFileError`` if not)."""
         self.path, self._fd, self._map = path, fd, mapping
-        head = np.frombuffer(mapping, np.int64, _HEADER_WORDS)
-        if int(head[_MAGIC]) != MAGIC:
-            raise ValueError(f"{path}: not a hetero-replay ring (bad magic)")
-        self.header = head
-        self.capacity = int(head[_CAPACITY])
-        self.row_bytes = int(head[_ROW_BYTES])
+        self.capacity, self.row_bytes, self.schema, stamps_at, self.payload_offset = _check_layout(path, mapping)
+        self.header = np.frombuffer(mapping, np.int64, _HEADER_WORDS)
         # Writer table: (pid, first ticket it may hold) per tag - 1.
         self.writers = np.frombuffer(mapping, np.int64, 2 * MAX_WRITERS, 8 * _HEADER_WORDS).reshape(MAX_WRITERS, 2)
-        schema_at = 8 * (_HEADER_WORDS + 2 * MAX_WRITERS)
-        schema_len = int(head[_SCHEMA_BYTES])
-        self.schema = Schema.from_json(json.loads(bytes(mapping[schema_at : schema_at + schema_len]).decode()))
-        stamps_at = _align(schema_at + schema_len, 8)
         self.stamps = np.frombuffer(mapping, np.int64, self.capacity, stamps_at)
-        self.payload_offset = int(head[_PAYLOAD_OFFSET])
 
     @classmethod
     def create(cls, path: str, capacity: int, schema: Schema, row_bytes: int, payload_bytes: int = 0) -> RingControl:
         """A new control block in a new file ``path`` (mode 0600), with ``payload_bytes`` after it."""
         blob = json.dumps(schema.to_json()).encode()
-        schema_at = 8 * (_HEADER_WORDS + 2 * MAX_WRITERS)
-        payload_offset = _align(_align(schema_at + len(blob), 8) + 8 * capacity, _PAGE)
+        payload_offset = _align(_align(_SCHEMA_AT + len(blob), 8) + 8 * capacity, _PAGE)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, payload_offset + payload_bytes)  # sparse: pages cost memory or disk when written
@@ -108,7 +103,7 @@ class RingControl:
             head = np.frombuffer(mapping, np.int64, _HEADER_WORDS)
             head[_CAPACITY], head[_ROW_BYTES], head[_SCHEMA_BYTES] = capacity, row_bytes, len(blob)
             head[_PAYLOAD_OFFSET] = payload_offset
-            mapping[schema_at : schema_at + len(blob)] = blob
+            mapping[_SCHEMA_AT : _SCHEMA_AT + len(blob)] = blob
             head[_MAGIC] = MAGIC  # last: a half-made file is refused
             del head
             return cls(path, fd, mapping)
@@ -122,14 +117,29 @@ class RingControl:
         """Map an existing ring file (``FileNotFoundError`` once its owner removed it)."""
         fd = os.open(path, os.O_RDWR)
         try:
+            if os.fstat(fd).st_size == 0:  # mmap refuses an empty file; _check_layout says what is wrong
+                raise ReplayFileError(f"{path}: truncated ring control block (0 bytes)")
             return cls(path, fd, mmap.mmap(fd, 0))
         except BaseException:
             os.close(fd)
             raise
 
     def payload(self, nbytes: int) -> np.ndarray:
-        """The ``nbytes`` mapped after the control block (uint8)."""
+        """The ``nbytes`` mapped after the control block (uint8); ``ReplayFileError`` if the file ends before."""
+        if nbytes > len(self._map) - self.payload_offset:
+            raise ReplayFileError(
+                f"{self.path}: the ring's rows take {nbytes} bytes after its control block, the file holds "
+                f"{len(self._map) - self.payload_offset} (truncated, or a damaged capacity or row size)"
+            )
         return np.frombuffer(self._map, np.uint8, nbytes, self.payload_offset)
+
+    def check_row_bytes(self, expected: int) -> None:
+        """Refuse a control block whose row size is not ``expected``, what a row of its schema takes here."""
+        if self.row_bytes != expected:
+            raise ReplayFileError(
+                f"{self.path}: damaged ring control block (row size {self.row_bytes} bytes; a row of its "
+                f"schema takes {expected})"
+            )
 
     # -- the counter and the closed flag ------------------------------------------------
 
@@ -224,6 +234,51 @@ class RingControl:
         except BufferError:  # a NumPy view still exports the mapping: the OS unmaps it at exit
             pass
         os.close(self._fd)
+
+
+def _check_layout(path: str, mapping: mmap.mmap) -> tuple[int, int, Schema, int, int]:
+    """``(capacity, row size, schema, stamps' offset, rows' offset)`` of a control block, checked.
+
+    A control block is written by other processes (or planted): every number in
+    it is checked against the file's size and the bounds the ring relies on
+    (tickets fit a marker's 48 bits, sizes fit the address space) before any of
+    it is used, and anything else raises ``ReplayFileError`` naming the part.
+    """
+    size = len(mapping)
+    if size < _SCHEMA_AT:
+        raise ReplayFileError(
+            f"{path}: truncated ring control block ({size} bytes; its header and writer table take {_SCHEMA_AT})"
+        )
+    magic, capacity, row_bytes, counter, closed, schema_len, payload_at = (
+        int(w) for w in np.frombuffer(mapping, np.int64, 7)
+    )
+
+    def require(ok: bool, what: str) -> None:
+        if not ok:
+            raise ReplayFileError(f"{path}: damaged ring control block ({what})")
+
+    if magic >> 32 != MAGIC >> 32:
+        raise ReplayFileError(f"{path}: not a hetero-replay ring (bad magic)")
+    if magic != MAGIC:
+        raise ReplayFileError(
+            f"{path}: a ring of format {magic & 0xFFFFFFFF}; this library reads format {MAGIC & 0xFFFFFFFF}"
+        )
+    require(1 <= capacity <= MAX_CAPACITY, f"capacity {capacity} not in [1, {MAX_CAPACITY}]")
+    require(1 <= row_bytes and capacity * row_bytes <= MAX_STORAGE_BYTES, f"row size {row_bytes} bytes")
+    require(0 <= counter <= TICKET_MASK, f"ticket counter {counter} not in [0, 2**{TICKET_BITS})")
+    require(closed in (0, 1), f"closed flag {closed}")
+    require(
+        0 < schema_len <= min(size - _SCHEMA_AT, MAX_HEADER_BYTES),
+        f"schema of {schema_len} bytes in a file of {size}",
+    )
+    schema = checkpoint.read_schema(bytes(mapping[_SCHEMA_AT : _SCHEMA_AT + schema_len]), path)
+    stamps_at = _align(_SCHEMA_AT + schema_len, 8)
+    require(
+        stamps_at + 8 * capacity <= payload_at <= size and payload_at % 8 == 0,
+        f"payload offset {payload_at}: the {capacity} slot stamps span [{stamps_at}, {stamps_at + 8 * capacity}) "
+        f"of a file of {size} bytes",
+    )
+    return capacity, row_bytes, schema, stamps_at, payload_at
 
 
 def _marker(tag: int, ticket: int) -> int:

@@ -42,7 +42,12 @@ class SharedRows:
 
     def __init__(self, path: str) -> None:
         self.control = RingControl.attach(path)
-        self.rows = HostStorage(self.control.capacity, self.control.schema, records=_records_of(self.control))
+        try:
+            self.control.check_row_bytes(record_layout(self.control.schema)[1])
+            self.rows = HostStorage(self.control.capacity, self.control.schema, records=_records_of(self.control))
+        except BaseException:
+            self.control.close()
+            raise
 
     def write_rows(self, first: int, arrays: Mapping[str, np.ndarray], taken: np.ndarray | None) -> None:
         _write_taken(self.rows, self.control.capacity, first, arrays, taken)
