@@ -16,10 +16,15 @@ Priorities and the tree stay in the learner's RAM.
   shared by all processes and coherent with the file by construction. At every
   durable point the rows that left that window since the last one are dropped
   from it (``posix_fadvise(DONTNEED)``), so rows written long ago do not hold RAM.
-* **A record carries its ticket at both ends** (``[ticket+1][row][ticket+1]``):
-  a read is served only if both ends and the slot's stamp are the ticket the
-  learner polled, so neither a row being rewritten nor one torn by a crash is
-  ever sampled.
+* **A record carries its ticket at both ends and a checksum**
+  (``[ticket+1][row][crc][ticket+1]``): a read is served only if both ends and
+  the slot's stamp are the ticket the learner polled, so neither a row being
+  rewritten nor one torn by a crash is ever sampled; and only if its checksum
+  holds, so a row whose bytes changed on the disk is not either (it is dropped,
+  counted in :attr:`DiskStorage.damaged_rows` and reported; see :class:`RecordFormat`).
+* **Reopening trusts nothing it reads**: the control block, the row file and
+  the durable point are checked against each other and the ring's bounds before
+  anything changes (``ReplayFileError`` naming the damaged part).
 * **Durable points.** Every ``flush_every`` adds or ``flush_seconds`` seconds
   (checked at each buffer call), the learner snapshots every slot's priority
   and stamp, the max priority, the random generator and the ticket count; a
