@@ -73,15 +73,20 @@ def start_shard(replay: str, shard: int, config: Any, detached: bool, actor_opti
     return _remote_shard().options(**options).remote(shard, config)
 
 
-def find_shards(replay: str) -> list[Any]:
-    """The running shards of ``replay``, in order; ``ValueError`` if there are none."""
+def running_shards(replay: str) -> list[Any]:
+    """The running (or restarting) shards of ``replay``, in order; empty if there are none."""
     ray = ray_module()
     handles: list[Any] = []
     while True:
         try:
             handles.append(ray.get_actor(shard_name(replay, len(handles)), namespace=NAMESPACE))
         except ValueError:
-            break
+            return handles
+
+
+def find_shards(replay: str) -> list[Any]:
+    """The running shards of ``replay``, in order; ``ValueError`` if there are none."""
+    handles = running_shards(replay)
     if not handles:
         raise ValueError(
             f"no shards of a sharded replay named {replay!r} run in this Ray cluster (namespace {NAMESPACE!r})"
@@ -95,8 +100,13 @@ def actor_errors() -> tuple[type[BaseException], ...]:
     return (ex.RayActorError, ex.ActorUnavailableError)
 
 
-def wait_for(call: Callable[[], T], shard: int, timeout: float) -> T:
-    """``call()`` (a ``ray.get`` of one shard's reply), retried while the shard restarts, up to ``timeout`` s."""
+def wait_for(call: Callable[[], T], shard: int, timeout: float, replay: str | None = None) -> T:
+    """``call()`` (a ``ray.get`` of one shard's reply), retried while the shard restarts, up to ``timeout`` s.
+
+    A shard that cannot come back fails at once, not after ``timeout``: one whose
+    constructor raised (Ray does not restart it), or, given the ``replay``'s name,
+    one that no longer exists (its replay was closed).
+    """
     errors = actor_errors()
     deadline = time.monotonic() + timeout
     delay = 0.01
@@ -104,6 +114,14 @@ def wait_for(call: Callable[[], T], shard: int, timeout: float) -> T:
         try:
             return call()
         except errors as e:
+            if getattr(e, "actor_init_failed", False):
+                # The message ends with the constructor's exception; the whole traceback stays in the chain.
+                cause = str(e).rstrip().splitlines()[-1]
+                raise ShardLostError(f"shard {shard} failed to start: {cause}") from e
+            if replay is not None and not _exists(shard_name(replay, shard)):
+                raise ShardLostError(
+                    f"shard {shard} of the sharded replay {replay!r} is gone: the replay was closed"
+                ) from e
             if time.monotonic() > deadline:
                 raise ShardLostError(
                     f"shard {shard} has been unreachable for {timeout:.0f} s (its node gone, or Ray gave up "
@@ -113,6 +131,15 @@ def wait_for(call: Callable[[], T], shard: int, timeout: float) -> T:
             delay = min(delay * 2, 0.5)
 
 
+def _exists(actor: str) -> bool:
+    """Whether the named actor is registered (alive or restarting; a killed one's name is freed)."""
+    try:
+        ray_module().get_actor(actor, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
 __all__ = [
     "NAMESPACE",
     "ShardLostError",
@@ -120,6 +147,7 @@ __all__ = [
     "connect",
     "find_shards",
     "ray_module",
+    "running_shards",
     "start_shard",
     "wait_for",
 ]

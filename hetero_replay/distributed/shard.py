@@ -31,6 +31,7 @@ are lost: that is the loss window.
 
 from __future__ import annotations
 
+import inspect
 import os
 import secrets
 from collections.abc import Mapping
@@ -43,6 +44,7 @@ from hetero_replay.options import PEROptions
 from hetero_replay.replay import PrioritizedReplay
 from hetero_replay.storage import DISK, HOST, Schema
 from hetero_replay.storage.base import check_host_batch
+from hetero_replay.storage.disk import CONTROL_FILE, DiskStorage
 from hetero_replay.storage.durable import FlushSchedule
 
 #: Storages a shard can hold. A Ray actor's rows arrive through Ray, so a
@@ -96,6 +98,39 @@ class ShardConfig:
         return PEROptions(**self.options)
 
 
+#: Disk storage arguments a shard sets itself, from the ShardedReplay's own arguments.
+_SHARD_SETS = {
+    "path": "durable_dir",
+    "reopen": "reopen",
+    "flush_every": "flush_every",
+    "flush_seconds": "flush_seconds",
+}
+
+
+def check_storage_options(storage: str, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The shards' ``storage_options``, checked on the learner: a name the storage does not take is
+    refused here (``TypeError``, as a call with it would be), not in the shards after they started."""
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise TypeError(f"storage_options must be a dict, got {type(options).__name__}")
+    if options and storage != DISK:
+        raise TypeError(f"storage={storage!r} shards take no storage_options, got {sorted(options)}")
+    for key in options:
+        if key in _SHARD_SETS:
+            raise ValueError(
+                f"storage_options {key!r} is set by the shards themselves: pass ShardedReplay({_SHARD_SETS[key]}=...)"
+            )
+    taken = inspect.signature(DiskStorage).parameters
+    unknown = sorted(str(k) for k in options if k not in taken or k in ("capacity", "schema"))
+    if unknown:
+        raise TypeError(
+            f"storage_options got unexpected keyword argument(s) {unknown} for storage={storage!r} shards; "
+            f"it takes {sorted(k for k in taken if k not in ('capacity', 'schema', *_SHARD_SETS))}"
+        )
+    return dict(options)
+
+
 def validate_rows(schema: Schema, capacity: int, batch: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
     """A batch checked (and cast) against ``schema`` before any shard sees it, as one buffer checks it."""
     return check_host_batch(schema, capacity, batch)
@@ -137,13 +172,15 @@ class ReplayShard:
         if c.storage == DISK:
             if path is None:
                 raise ValueError("storage='disk' shards need durable_dir (their ring files go there)")
-            durable = {"flush_every": c.flush_every, "flush_seconds": c.flush_seconds}
-            extra = {**(c.storage_options or {}), **durable}
-            if os.path.exists(os.path.join(path, "state.hrp")):
-                return PrioritizedReplay.reopen(path, tree=options.tree, **extra)
+            # Ring files here are this shard's own (the learner refused another run's unless reopen=True):
+            # a restart continues them, from the last durable point, or empty when killed before its first.
+            reopen = os.path.exists(os.path.join(path, CONTROL_FILE))
             return PrioritizedReplay(
                 c.capacity, Schema.from_json(c.schema), options=options, storage=DISK,
-                storage_options={**extra, "path": path},
+                storage_options={
+                    **(c.storage_options or {}), "flush_every": c.flush_every, "flush_seconds": c.flush_seconds,
+                    "path": path, "reopen": reopen,
+                },
             )  # fmt: skip
         if path is not None and os.path.exists(path):
             return PrioritizedReplay.load(path, tree=options.tree)
@@ -290,4 +327,12 @@ class ReplayShard:
             self.flush()
 
 
-__all__ = ["SHARD_STORAGES", "ReplayShard", "ShardConfig", "ShardDraw", "ShardSummary", "validate_rows"]
+__all__ = [
+    "SHARD_STORAGES",
+    "ReplayShard",
+    "check_storage_options",
+    "ShardConfig",
+    "ShardDraw",
+    "ShardSummary",
+    "validate_rows",
+]

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -65,9 +66,16 @@ from typing import Any
 import numpy as np
 
 from hetero_replay import _native
-from hetero_replay.checks import check_batch_size, check_int, check_real, check_seed
+from hetero_replay.checks import check_batch_size, check_bool, check_int, check_real, check_seed
 from hetero_replay.distributed import cluster
-from hetero_replay.distributed.shard import SHARD_STORAGES, ShardConfig, ShardDraw, ShardSummary, validate_rows
+from hetero_replay.distributed.shard import (
+    SHARD_STORAGES,
+    ShardConfig,
+    ShardDraw,
+    ShardSummary,
+    check_storage_options,
+    validate_rows,
+)
 from hetero_replay.distributed.writer import ShardWriter
 from hetero_replay.options import UNSET, PEROptions, StalenessOptions, check_beta
 from hetero_replay.replay import Sample
@@ -99,11 +107,16 @@ class ShardedReplay:
         storage_options: the shard storage's keyword arguments (``"disk"``: ``ram_bytes``, ``read_threads``).
         durable_dir: where shards make their durable points (a directory every shard's node
             can write: local disk for one machine, a shared file system for a
-            cluster). ``None``: none; a restarted shard starts empty.
+            cluster). ``None``: none; a restarted shard starts empty. A directory that
+            holds another run's shards is refused (``ValueError``) unless ``reopen``.
+        reopen: continue the shards whose durable points ``durable_dir`` holds (the same
+            number of shards, capacity and schema), as :meth:`PrioritizedReplay.reopen` does.
         flush_every, flush_seconds: a shard makes a durable point after this many
             added rows or this many seconds, whichever first (checked at each call).
             The loss window of a shard that dies is what it took in since.
-        name: the shards' name prefix (named Ray actors); default a fresh unique name.
+        name: the shards' name prefix (named Ray actors); default a fresh unique name. Where shards
+            of that name run, this learner joins them if they were built with the same arguments
+            (``ValueError`` naming both schemas otherwise; nothing is started or killed).
         detached: keep the shards alive after this process exits (needs a running
             cluster, ``address``), so a restarted learner reattaches with :meth:`attach`.
         stage_rows: writers' rows a shard queues (until the learner's next call) before taking them
@@ -146,6 +159,7 @@ class ShardedReplay:
         storage: str = HOST,
         storage_options: Mapping[str, Any] | None = None,
         durable_dir: str | None = None,
+        reopen: bool = False,
         flush_every: int = 10_000,
         flush_seconds: float = 60.0,
         name: str | None = None,
@@ -168,6 +182,10 @@ class ShardedReplay:
             raise ValueError(f"storage must be one of {SHARD_STORAGES} for a shard, got {storage!r}")
         if storage != HOST and durable_dir is None:
             raise ValueError(f"storage={storage!r} shards need durable_dir= (their ring files go there)")
+        storage_options = check_storage_options(storage, storage_options)
+        check_bool(reopen, "reopen")
+        if reopen and durable_dir is None:
+            raise ValueError("reopen=True continues the durable points in durable_dir=: give it")
         if detached and address is None:
             raise ValueError(
                 "detached=True keeps shards alive after this process: it needs a running cluster's address="
@@ -182,25 +200,33 @@ class ShardedReplay:
         )  # fmt: skip
         config = ShardConfig(
             capacity=int(capacity_per_shard), schema=schema.to_json(), options=asdict(per), storage=storage,
-            storage_options=dict(storage_options) if storage_options else None,
-            durable_dir=None if durable_dir is None else str(durable_dir),
+            storage_options=storage_options or None,
+            durable_dir=None if durable_dir is None else os.path.abspath(durable_dir),
             flush_every=int(flush_every), flush_seconds=float(flush_seconds),
             stage_rows=int(stage_rows),
         )  # fmt: skip
-        if durable_dir is not None:
-            import os
-
-            os.makedirs(durable_dir, exist_ok=True)
         self.address = cluster.connect(address)
         self.name = name or f"replay-{uuid.uuid4().hex[:8]}"
         self.detached = bool(detached)
+        running = cluster.running_shards(self.name)
+        if running:  # the shards of that name already run: this learner joins them if they are this replay's
+            _check_same_replay(self.name, running, num_shards, config)
+        elif config.durable_dir is not None:
+            _check_durable_dir(config.durable_dir, reopen)
+            os.makedirs(config.durable_dir, exist_ok=True)
         per_shard = _per_shard_options(actor_options, num_shards)
         strategy = {"scheduling_strategy": "SPREAD"}  # one shard per node where there are several
         handles = [
             cluster.start_shard(self.name, k, config, self.detached, {**strategy, **per_shard[k]})
             for k in range(num_shards)
         ]
-        self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness)
+        try:
+            self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness)
+        except BaseException:
+            if not running:  # shards this call started (one failed to start): none is left behind
+                for h in handles:
+                    cluster.ray_module().kill(h, no_restart=True)
+            raise
 
     @classmethod
     def attach(
@@ -241,7 +267,7 @@ class ShardedReplay:
         self._max_leaf = max_leaf(np.dtype(self.options.priority_dtype), config.capacity)
         self.stats = {"batches": 0, "redraws": 0, "inexact_batches": 0, "dropped_updates": 0, "recoveries": 0}
         self._summaries: list[ShardSummary] = [
-            cluster.wait_for(functools.partial(self._reply, h.summary), k, recovery_timeout)
+            cluster.wait_for(functools.partial(self._reply, h.summary), k, recovery_timeout, self.name)
             for k, h in enumerate(handles)
         ]
 
@@ -281,6 +307,7 @@ class ShardedReplay:
     @property
     def summaries(self) -> list[ShardSummary]:
         """Each shard's state now (one round trip to every shard; writers' queued rows taken in first)."""
+        self._check_open()
         with self._lock:
             self._deliver_held_back()
             self._collect()
@@ -332,6 +359,7 @@ class ShardedReplay:
         The whole batch is checked first (fields, shapes, dtypes, casts), so a
         refused batch reaches no shard. Returns the number of rows added.
         """
+        self._check_open()
         rows, arrays = validate_rows(self.schema, self.capacity, batch)
         if rows == 0:
             return 0
@@ -355,6 +383,7 @@ class ShardedReplay:
         weights normalised by the global maximum. A refused call (bad
         arguments, empty replay) leaves the generator untouched.
         """
+        self._check_open()
         n = check_batch_size(batch_size)
         b = self._beta if beta is None else check_beta(beta)
         with self._lock:
@@ -419,6 +448,7 @@ class ShardedReplay:
         rewritten since the draw are dropped by their shard (counted in
         :attr:`stats`).
         """
+        self._check_open()
         idx = np.asarray(indices)
         if idx.dtype != INDEX_DTYPE:
             raise TypeError(
@@ -438,6 +468,18 @@ class ShardedReplay:
         if bad.size:
             raise IndexError(
                 f"indices[{bad[0]}] names slot {idx['slot'][bad[0]]}, outside [0, {self.capacity_per_shard})"
+            )
+        # A slot past its shard's size was never filled (sizes only grow within an incarnation, and the
+        # learner's summaries are at least as new as the draw; other incarnations' entries are dropped there).
+        sizes = np.array([s.size for s in self._summaries], np.int64)
+        incarnations = np.array([s.incarnation for s in self._summaries], np.int64)
+        shard_of = idx["shard"].astype(np.int64)
+        bad = np.flatnonzero((idx["incarnation"] == incarnations[shard_of]) & (idx["slot"] >= sizes[shard_of]))
+        if bad.size:
+            k = shard_of[bad[0]]
+            raise IndexError(
+                f"indices[{bad[0]}] names slot {idx['slot'][bad[0]]} of shard {k}, which holds {sizes[k]} "
+                "transitions: it was never filled (not an index a sample returned)"
             )
         bad = np.flatnonzero(~(np.isfinite(td) & (td >= 0)))
         if bad.size:
@@ -602,18 +644,21 @@ class ShardedReplay:
     def _recover(self, k: int) -> None:
         """Wait for Ray to restart shard ``k`` (it reloads its last durable point); take in its new summary."""
         self._summaries[k] = cluster.wait_for(
-            functools.partial(self._reply, self._shards[k].summary), k, self.recovery_timeout
+            functools.partial(self._reply, self._shards[k].summary), k, self.recovery_timeout, self.name
         )
         self.stats["recoveries"] += 1
 
     def flush(self) -> None:
         """Apply the updates still carried (staleness >= 1), then a durable point of every shard now, and wait."""
+        self._check_open()
         with self._lock:
             self._deliver_held_back()
             self._collect()
             refs = [h.flush.remote() for h in self._shards]
             for k, ref in enumerate(refs):
-                self._summaries[k] = cluster.wait_for(functools.partial(self._ray.get, ref), k, self.recovery_timeout)
+                self._summaries[k] = cluster.wait_for(
+                    functools.partial(self._ray.get, ref), k, self.recovery_timeout, self.name
+                )
 
     # -- what only a replay in one process can offer: refused, saying why ------------------------------
 
@@ -652,6 +697,10 @@ class ShardedReplay:
         """Refused: shards make durable points themselves (``durable_dir=``, :meth:`flush`)."""
         raise TypeError(_NOT_IN_ONE_PROCESS)
 
+    def _check_open(self) -> None:
+        if not self._shards:
+            raise RuntimeError(f"the sharded replay {self.name!r} is closed")
+
     def shard_pids(self) -> list[int]:
         """The process id of each shard (on its node)."""
         return [self._ray.get(h.pid.remote()) for h in self._shards]
@@ -662,6 +711,7 @@ class ShardedReplay:
         See :class:`~hetero_replay.distributed.writer.ShardWriter`; ``policy``
         is ``"least_full"`` or ``"round_robin"``.
         """
+        self._check_open()
         return ShardWriter(self.name, self.num_shards, self.address, self.config, policy)
 
     def close(self, destroy: bool | None = None) -> None:
@@ -684,6 +734,39 @@ _NOT_IN_ONE_PROCESS = (
     "a ShardedReplay's state is not in one process: its shards make durable points themselves (durable_dir=, flush()); "
     "other processes add through replay.writer(), and a restarted learner uses ShardedReplay.attach(name)"
 )
+
+
+def _check_same_replay(name: str, running: list[Any], num_shards: int, config: ShardConfig) -> None:
+    """Refuse to join running shards of ``name`` that another replay (other arguments) started."""
+    theirs = cluster.ray_module().get(running[0].__ray_call__.remote(lambda shard: shard.config))
+    if theirs.schema != config.schema:
+        raise ValueError(
+            f"name={name!r} is taken by a running sharded replay of schema {Schema.from_json(theirs.schema)!r}, "
+            f"not this one's {Schema.from_json(config.schema)!r}: choose another name (or close that replay)"
+        )
+    differ = [f for f in vars(config) if getattr(theirs, f) != getattr(config, f)]
+    if len(running) != num_shards:
+        differ.insert(0, "num_shards")
+    if differ:
+        raise ValueError(
+            f"name={name!r} is taken by a running sharded replay built with other {', '.join(differ)}: "
+            "choose another name, or ShardedReplay.attach(name) to continue it"
+        )
+
+
+def _check_durable_dir(durable_dir: str, reopen: bool) -> None:
+    """Refuse to start on another run's durable points unless ``reopen``; refuse ``reopen`` with none there."""
+    try:
+        found = sorted(e for e in os.listdir(durable_dir) if e.startswith("shard-"))
+    except FileNotFoundError:
+        found = []
+    if found and not reopen:
+        raise ValueError(
+            f"durable_dir={durable_dir!r} holds the shards of another run ({', '.join(found[:4])}"
+            f"{', ...' if len(found) > 4 else ''}): pass reopen=True to continue it, or choose another directory"
+        )
+    if reopen and not found:
+        raise ValueError(f"reopen=True but durable_dir={durable_dir!r} holds no shard's durable point")
 
 
 def _sharded_staleness(staleness: int | StalenessOptions) -> StalenessOptions:

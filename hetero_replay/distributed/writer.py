@@ -12,7 +12,8 @@ proceed concurrently. The shard queues a writer's rows and takes them into its
 tree during the learner's next call to it, so writers never make a learner's
 draw stale; the rows become sampleable one learner call later (see :mod:`.shard`). A shard that dies
 under an add is waited for (Ray restarts it) and the rows are sent again: the
-rows it had not flushed_rows are its loss window.
+rows it had not made durable are its loss window. A writer of a closed replay
+fails at once (:class:`~.cluster.ShardLostError`).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class ShardWriter:
         self._turn = (k + 1) % self.num_shards
         ray = cluster.ray_module()
         summary = cluster.wait_for(
-            lambda: ray.get(shards[k].stage.remote(arrays, self._max_priority)), k, self.recovery_timeout
+            lambda: ray.get(shards[k].stage.remote(arrays, self._max_priority)), k, self.recovery_timeout, self.name
         )
         self._sizes[k] = summary.size + summary.staged
         self._max_priority = max(self._max_priority, summary.max_priority)

@@ -1,0 +1,138 @@
+"""ShardedReplay's errors arrive at once and where the user called, and one run never takes another's data.
+
+Real Ray actors, real SIGKILL. Each test would otherwise wait out ``recovery_timeout``
+(120 s) or go on silently with the wrong shards or rows.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from hetero_replay.distributed import (
+    ShardedReplay,  # noqa: E402
+    cluster,  # noqa: E402
+)
+
+SCHEMA = {"id": ((), np.int64), "obs": ((3,), np.float32)}
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def rows(ids: np.ndarray) -> dict[str, np.ndarray]:
+    return {"id": ids.astype(np.int64), "obs": np.repeat(ids[:, None], 3, axis=1).astype(np.float32)}
+
+
+def unique(name: str) -> str:
+    return f"{name}-{os.getpid()}-{np.random.default_rng().integers(1 << 30)}"
+
+
+def test_a_typo_in_disk_storage_options_is_a_type_error_before_any_shard_starts(tmp_path) -> None:
+    name = unique("typo")
+    with pytest.raises(TypeError, match="ram_byte"):
+        ShardedReplay(
+            2, 64, SCHEMA, storage="disk", durable_dir=str(tmp_path), storage_options={"ram_byte": 1}, name=name
+        )
+    with pytest.raises(ValueError, match="durable_dir"):
+        ShardedReplay(
+            2, 64, SCHEMA, storage="disk", durable_dir=str(tmp_path), storage_options={"path": "x"}, name=name
+        )
+    assert cluster.running_shards(name) == []
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_shard_that_fails_to_start_is_reported_at_once_and_none_is_left_running(tmp_path) -> None:
+    name = unique("nostart")
+    # A well-named option with a value the disk storage refuses: the shards' constructors raise.
+    with pytest.raises(cluster.ShardLostError, match="failed to start.*read_threads"):
+        ShardedReplay(
+            2, 64, SCHEMA, storage="disk", durable_dir=str(tmp_path), storage_options={"read_threads": 0}, name=name
+        )
+    assert cluster.running_shards(name) == []
+
+
+def test_an_update_naming_a_never_filled_slot_is_refused_and_sampling_goes_on() -> None:
+    replay = ShardedReplay(2, 64, SCHEMA, seed=0)
+    try:
+        replay.add(rows(np.arange(8)))  # 4 rows on each shard
+        batch = replay.sample(8)
+        forged = batch.indices.copy()
+        forged["slot"][3] = 40  # inside the capacity, never written
+        with pytest.raises(IndexError, match=r"indices\[3\].*slot 40.*never filled"):
+            replay.update_priorities(forged, np.ones(8))
+        replay.update_priorities(batch.indices, np.ones(8))
+        again = replay.sample(64)
+        assert set(again.data["id"]) <= set(range(8))
+    finally:
+        replay.close()
+
+
+def test_a_closed_replay_and_its_writers_fail_at_once_saying_so() -> None:
+    replay = ShardedReplay(2, 64, SCHEMA, seed=0, recovery_timeout=3600)
+    writer = replay.writer()
+    writer.add(rows(np.arange(4)))  # the writer has found the shards
+    replay.close()
+    # Before: the writer waited recovery_timeout for shards that were killed for good.
+    with pytest.raises(cluster.ShardLostError, match="closed"):
+        writer.add(rows(np.arange(4)))
+    for call in (lambda: replay.sample(4), lambda: replay.add(rows(np.arange(2))), replay.flush, replay.writer):
+        with pytest.raises(RuntimeError, match="closed"):
+            call()
+
+
+def test_a_name_reused_with_another_schema_is_refused_and_the_first_replays_shards_live_on() -> None:
+    name = unique("taken")
+    first = ShardedReplay(2, 64, SCHEMA, seed=0, name=name)
+    try:
+        first.add(rows(np.arange(10)))
+        other = {"id": ((), np.int64), "obs": ((5,), np.float32)}
+        with pytest.raises(ValueError, match=rf"{name}.*\(3,\).*\(5,\)"):
+            ShardedReplay(2, 64, other, name=name)
+        with pytest.raises(ValueError, match="capacity"):
+            ShardedReplay(2, 32, SCHEMA, name=name)
+        assert len(first) == 10  # still there: the refused replay killed nothing
+        assert len(cluster.running_shards(name)) == 2
+    finally:
+        first.close()
+
+
+def test_an_old_durable_dir_is_refused_unless_reopen_and_reopen_continues_its_rows(tmp_path) -> None:
+    for storage in ("host", "disk"):
+        where = str(tmp_path / storage)
+        old = ShardedReplay(2, 64, SCHEMA, seed=0, storage=storage, durable_dir=where)
+        old.add(rows(np.arange(20)))
+        old.flush()
+        old.close()
+        with pytest.raises(ValueError, match="reopen=True"):
+            ShardedReplay(2, 64, SCHEMA, seed=0, storage=storage, durable_dir=where)
+        again = ShardedReplay(2, 64, SCHEMA, seed=0, storage=storage, durable_dir=where, reopen=True)
+        try:
+            assert len(again) == 20
+        finally:
+            again.close()
+    with pytest.raises(ValueError, match="holds no shard"):
+        ShardedReplay(2, 64, SCHEMA, durable_dir=str(tmp_path / "empty"), reopen=True)
+
+
+def test_a_disk_shard_killed_before_its_first_durable_point_restarts_empty(tmp_path) -> None:
+    replay = ShardedReplay(
+        2, 64, SCHEMA, seed=0, storage="disk", durable_dir=str(tmp_path), flush_every=10**9, flush_seconds=3600
+    )
+    try:
+        replay.add(rows(np.arange(16)))
+        assert [s.size for s in replay.summaries] == [8, 8]
+        os.kill(replay.shard_pids()[1], signal.SIGKILL)
+        batch = replay.sample(8)  # waits for the restart (before: the restarted shard refused its own files)
+        assert replay.stats["recoveries"] >= 1
+        assert [s.size for s in replay.summaries] == [8, 0]  # nothing of shard 1 was durable
+        assert (batch.indices["shard"] == 0).all()
+        replay.add(rows(np.arange(100, 104)))
+        replay.flush()
+        assert [s.size for s in replay.summaries] == [10, 2]
+    finally:
+        replay.close()
