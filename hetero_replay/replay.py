@@ -396,6 +396,7 @@ class PrioritizedReplay:
 
         Raises:
             ValueError: ``path`` holds no buffer, or processes of the previous run still write to it.
+            BufferInUseError: another learner has it open (a ``ValueError``; see ``docs/storage.md``).
             ReplayFileError: the durable point is damaged.
         """
         storage_name, header = durable_point(path)
@@ -465,7 +466,7 @@ class PrioritizedReplay:
         with self._lock:
             self.priorities.lift_max(value)
 
-    def gather_at(self, masses: Any) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    def gather_at(self, masses: Any) -> tuple[dict[str, Any] | None, np.ndarray, np.ndarray]:
         """The transitions at cumulative priority ``masses`` (each in ``[0, tree.total())``).
 
         The descent step of :meth:`sample` for callers that draw their own
@@ -474,15 +475,26 @@ class PrioritizedReplay:
         priorities being the tree's leaves ``p ** alpha`` (IS weights are the
         caller's, who knows the global minimum). Host storages only; a mass
         outside ``[0, total)`` raises ``ValueError`` naming its position.
+
+        With a ring storage, a row that a writer began to rewrite, or that is
+        damaged, is never served: its slot leaves the tree (as in :meth:`sample`)
+        and ``rows`` is ``None``, so the caller draws the batch again from the
+        changed tree.
         """
         with self._lock:
             if self._batches is not None:
                 raise TypeError("gather_at serves host batches; this buffer serves torch tensors")
-            if self._ring is not None:
-                self._sync()
+            if self._ring is None:
+                indices = np.asarray(self.tree.find(masses), dtype=np.int64)
+                return self.storage.gather(indices), indices, np.asarray(self.tree.get(indices))
+            self._sync()
             indices = np.asarray(self.tree.find(masses), dtype=np.int64)
-            rows = self._ring.read_intact(indices)[0] if self._ring is not None else self.storage.gather(indices)
-            return rows, indices, np.asarray(self.tree.get(indices))
+            rows, intact = self._ring.read_intact(indices)
+            priorities = np.asarray(self.tree.get(indices))
+            if not intact.all():
+                self.priorities.clear(np.unique(indices[~intact]))
+                return None, indices, priorities
+            return rows, indices, priorities
 
     def restore_priorities(self, snapshot: PrioritySnapshot) -> None:
         """Undo an update (see :meth:`update_priorities_since`) exactly; later updates of the same slots too."""

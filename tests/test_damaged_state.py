@@ -245,6 +245,26 @@ def test_a_flipped_byte_is_never_served_but_counted_and_reported(tmp_path, where
         buf.close()
 
 
+def test_gather_at_never_serves_a_damaged_row_and_the_shard_caller_draws_again(tmp_path):
+    """The sharded replay's descent (``gather_at``) refuses a damaged row as ``sample`` does: no rows, slot cleared."""
+    buf = PrioritizedReplay(
+        CAPACITY, SMALL_SCHEMA, seed=0, storage="disk", storage_options={"path": str(tmp_path / "buf")}
+    )
+    try:
+        buf.add(rows_with_ids(np.arange(1, CAPACITY + 1), width=4))
+        flip_byte(tmp_path / "buf", 3, buf.storage.format.bytes, 8 + 8 + 2)
+        mass = float(np.cumsum(buf.tree.leaves())[2]) + 0.5 * float(buf.tree.get(np.array([3]))[0])  # inside slot 3
+        with pytest.warns(RuntimeWarning, match="checksum"):
+            rows, slots, _ = buf.gather_at(np.array([mass]))
+        assert rows is None and slots.tolist() == [3]
+        assert buf.tree.get(np.array([3]))[0] == 0  # it left the tree: the next descent lands elsewhere
+        rows, slots, _ = buf.gather_at(np.array([mass]))
+        assert rows is not None and slots[0] != 3
+        np.testing.assert_array_equal(rows["tail"], -rows["id"])
+    finally:
+        buf.close()
+
+
 def test_writer_processes_rows_carry_checksums(tmp_path):
     """Rows a writer handle adds verify on the learner's side (the checksum is the writer's)."""
     buf = PrioritizedReplay(

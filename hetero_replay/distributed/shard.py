@@ -278,7 +278,11 @@ class ReplayShard:
         if not current:
             offsets = offsets * (total / routed_total)
         # Float sums may put an offset a rounding step past this tree's total.
-        return self.replay.gather_at(np.minimum(offsets, np.nextafter(total, 0.0)))
+        rows, slots, priorities = self.replay.gather_at(np.minimum(offsets, np.nextafter(total, 0.0)))
+        if rows is None:  # a row under an offset was being rewritten or is damaged: its slot left the tree
+            self.version += 1
+            return None, *nothing
+        return rows, slots, priorities
 
     def update(
         self, slots: np.ndarray, epochs: np.ndarray, incarnation: int, td_errors: np.ndarray, max_priority: float
