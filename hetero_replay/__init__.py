@@ -20,6 +20,7 @@ from hetero_replay.registry import backends, register_backend, register_storage,
 from hetero_replay.replay import PrioritizedReplay
 from hetero_replay.storage import Field, HostStorage, Schema, Storage
 from hetero_replay.storage.checkpoint import ReplayFileError
+from hetero_replay.storage.files import BufferInUseError
 from hetero_replay.trees import SumTree, make_tree
 from hetero_replay.trees.base import DeviceTree
 
@@ -29,6 +30,7 @@ except _metadata.PackageNotFoundError:  # running from a source tree that was ne
     __version__ = "0+unknown"
 
 __all__ = [
+    "BufferInUseError",
     "DEFAULT_EPS",
     "UNSET",
     "PEROptions",

@@ -30,6 +30,7 @@ from hetero_replay import PrioritizedReplay
 from hetero_replay.pipeline import RelaxedReplay
 from hetero_replay.storage import ring
 from hetero_replay.storage.disk import CONTROL_FILE, ROW_FILE, STATE_FILE, DiskRows
+from hetero_replay.storage.files import LOCK_FILE
 from hetero_replay.storage.ring import RingClosedError
 from hetero_replay.storage.shared import SHM_DIR, SharedRows
 
@@ -39,7 +40,7 @@ SMALL_SCHEMA = {"id": ((), np.int64), "obs": ((4,), np.float32), "tail": ((), np
 STRIDE = 100_000  # actor r adds ids r * STRIDE + 1, r * STRIDE + 2, ...
 DEAD_ID = 9_000_001  # ids a killed writer tried to add (exact in float32)
 JOIN_S = 60  # only against hangs
-DISK_FILES = {CONTROL_FILE, ROW_FILE, STATE_FILE}
+DISK_FILES = {CONTROL_FILE, ROW_FILE, STATE_FILE, LOCK_FILE}
 
 
 def rows_with_ids(ids, width: int = OBS) -> dict[str, np.ndarray]:

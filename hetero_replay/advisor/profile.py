@@ -32,6 +32,7 @@ import os
 import pathlib
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -344,12 +345,22 @@ class Profile:
         )
 
     def save(self, path: str | os.PathLike[str]) -> pathlib.Path:
-        """Write the profile as JSON (atomically: a temporary file renamed over ``path``)."""
+        """Write the profile as JSON (atomically: a temporary file renamed over ``path``).
+
+        The temporary has an unpredictable name and is created exclusively
+        (``tempfile.mkstemp``, mode 0600), so a name planted in a shared cache
+        directory is never written through; folders created on the way are 0700.
+        """
         path = pathlib.Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        os.replace(tmp, path)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(self.to_dict(), indent=1))
+            os.replace(tmp, path)
+        except BaseException:
+            pathlib.Path(tmp).unlink(missing_ok=True)
+            raise
         return path
 
     @classmethod

@@ -140,7 +140,9 @@ def _create_temporary(path: Path) -> tuple[int, str]:
         tmp = str(path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
         # Mode 0o666 through the umask, as open() would; mkstemp's 0o600 would make
         # every saved buffer private whatever the user asked for.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        # Exclusive and not through a link: a name planted in a shared directory is never written through.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(tmp, flags | getattr(os, "O_BINARY", 0), 0o666)
         if fcntl is None:
             return fd, tmp
         try:

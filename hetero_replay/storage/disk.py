@@ -41,6 +41,7 @@ Priorities and the tree stay in the learner's RAM.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import stat
@@ -57,7 +58,15 @@ from hetero_replay import _native
 from hetero_replay.checks import check_bool, check_int
 from hetero_replay.storage import checkpoint
 from hetero_replay.storage.base import check_host_batch
-from hetero_replay.storage.durable import DURABLE, FlushSchedule, read_point
+from hetero_replay.storage.durable import DURABLE, FlushSchedule, check_path, read_point
+from hetero_replay.storage.files import (
+    BufferInUseError,
+    OwnerLock,
+    check_directory,
+    create_file,
+    open_file,
+    private_directory,
+)
 from hetero_replay.storage.host import _contiguous_strides, record_layout
 from hetero_replay.storage.ring import (
     TICKET_MASK,
@@ -65,6 +74,7 @@ from hetero_replay.storage.ring import (
     RingOwner,
     RingReader,
     RingWriter,
+    check_abandon_after,
     pid_alive,
 )
 from hetero_replay.storage.schema import Schema
@@ -188,7 +198,7 @@ class DiskRows:
         try:
             self.format = RecordFormat(self.control.schema)
             self.control.check_row_bytes(self.format.bytes)
-            self.fd = os.open(os.path.join(path, ROW_FILE), os.O_RDWR)
+            self.fd = open_file(os.path.join(path, ROW_FILE))
         except BaseException:
             self.control.close()
             raise
@@ -207,8 +217,10 @@ class DiskStorage(RingOwner):
     Args:
         capacity: rows kept; the oldest ticket's row is overwritten first.
         schema: the fields of a row.
-        path: a directory for this buffer's files (created if missing). It must
-            not hold a buffer already, unless ``reopen``.
+        path: a directory for this buffer's files (created with mode 0700 if
+            missing; an existing one must be this user's and writable by nobody
+            else: see :mod:`~hetero_replay.storage.files`). It must not hold a
+            buffer already, unless ``reopen``. Made absolute here.
         ram_bytes: RAM for the newest rows (the page-cache window, default 1 GiB).
         read_threads: threads reading a sampled batch (default 8).
         flush_every: a durable point after this many adds (default 10,000).
@@ -221,7 +233,10 @@ class DiskStorage(RingOwner):
 
     Raises:
         TypeError, ValueError: an argument of the wrong type or out of range,
-            naming it; ``path`` holding a buffer without ``reopen`` (or none with it).
+            naming it, before any file is made; ``path`` holding a buffer without
+            ``reopen`` (or none with it), or a directory others could plant files in.
+        BufferInUseError: another learner owns the buffer (its ``flock``, held until :meth:`close`).
+        OSError: the files cannot be made (a full disk); nothing made is left.
     """
 
     def __init__(
@@ -236,36 +251,33 @@ class DiskStorage(RingOwner):
         reopen: bool = False,
         abandon_after: float = 5.0,
     ) -> None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"storage_options path must be a directory path, got {type(path).__name__} {path!r}")
+        path = check_path(path, "storage_options path")
         check_int(ram_bytes, "storage_options ram_bytes", low=0)
         check_int(read_threads, "storage_options read_threads", low=1)
         #: When durable points are due; it counts the tickets the learner has polled.
         self.schedule = FlushSchedule(flush_every, flush_seconds)
         check_bool(reopen, "storage_options reopen")
+        abandon_after = check_abandon_after(abandon_after)
         self.schema = schema if isinstance(schema, Schema) else Schema(schema)
         self.capacity = int(capacity)
-        self.path = Path(path)
+        self.path = path
         self.format = RecordFormat(self.schema)
         self.read_threads = read_threads
         self.cache_rows = min(self.capacity, ram_bytes // self.format.bytes)
-        self.path.mkdir(parents=True, exist_ok=True)
-        ctl = self.path / CONTROL_FILE
         #: ``(header, priorities)`` of the durable point a reopened buffer restores; None otherwise.
         self.reopened_point: tuple[dict[str, Any], np.ndarray] | None = None
+        # Every argument is checked: from here on, files. The owner lock comes before anything
+        # in the directory is read or written, and is held until close().
         if reopen:
-            self.control = self._reopen(ctl)
+            self._lock, self.control = self._reopen()
         else:
-            if ctl.exists():
-                raise ValueError(
-                    f"storage_options path={str(self.path)!r} holds a replay buffer already: reopen it with "
-                    "PrioritizedReplay.reopen(path) (or reopen=True), or choose another directory"
-                )
-            self.control = RingControl.create(str(ctl), self.capacity, self.schema, self.format.bytes)
-            fd = os.open(self.path / ROW_FILE, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.ftruncate(fd, self.capacity * self.format.bytes)
-            os.close(fd)
-        self.fd = os.open(self.path / ROW_FILE, os.O_RDWR)
+            self._lock, self.control = self._create()
+        try:
+            self.fd = open_file(self.path / ROW_FILE)
+        except BaseException:
+            self.control.close()
+            self._lock.release()
+            raise
         self.reader = RingReader(self.control, abandon_after)
         if self.reopened_point is not None:
             self.reader.take_stamps()
@@ -276,10 +288,55 @@ class DiskStorage(RingOwner):
         #: Rows found damaged (failing their checksum) when read, each dropped from sampling.
         self.damaged_rows = 0
 
-    def _reopen(self, ctl: Path) -> RingControl:
-        if not ctl.exists():
+    def _create(self) -> tuple[OwnerLock, RingControl]:
+        """A new buffer's directory (private), its lock, control block and row file; on failure none is left."""
+        created_dir = private_directory(self.path, "storage_options path")
+        ctl, rows = self.path / CONTROL_FILE, self.path / ROW_FILE
+        made: list[Path] = []
+        lock: OwnerLock | None = None
+        try:
+            lock = OwnerLock(self.path)
+            made.append(lock.path)
+            if os.path.lexists(ctl) or os.path.lexists(rows):
+                made.clear()  # the lock file is that buffer's
+                raise ValueError(
+                    f"storage_options path={str(self.path)!r} holds a replay buffer already: reopen it with "
+                    "PrioritizedReplay.reopen(path) (or reopen=True), or choose another directory"
+                )
+            control = RingControl.create(str(ctl), self.capacity, self.schema, self.format.bytes)
+            made.append(ctl)
+            try:
+                fd = create_file(rows)
+                made.append(rows)
+                try:
+                    os.ftruncate(fd, self.capacity * self.format.bytes)
+                finally:
+                    os.close(fd)
+            except BaseException:
+                control.close()
+                raise
+            return lock, control
+        except BaseException:
+            for name in reversed(made):
+                name.unlink(missing_ok=True)
+            if lock is not None:
+                lock.release()
+            if created_dir:
+                with contextlib.suppress(OSError):
+                    self.path.rmdir()
+            raise
+
+    def _reopen(self) -> tuple[OwnerLock, RingControl]:
+        ctl = self.path / CONTROL_FILE
+        if not os.path.lexists(ctl):
             raise ValueError(f"storage_options reopen=True but {str(self.path)!r} holds no replay buffer")
-        control = RingControl.attach(str(ctl))
+        check_directory(self.path, "storage_options path")
+        lock = OwnerLock(self.path)
+        try:
+            control = RingControl.attach(str(ctl))
+        except BaseException:
+            lock.release()
+            raise
         try:
             if control.capacity != self.capacity or control.schema != self.schema:
                 raise ValueError(
@@ -313,8 +370,9 @@ class DiskStorage(RingOwner):
                 control.set_tickets(0)
         except BaseException:
             control.close()
+            lock.release()
             raise
-        return control
+        return lock, control
 
     def _check_row_file(self) -> None:
         """The row file must be a regular file of ``capacity`` records: ``ReplayFileError`` naming it otherwise."""
@@ -471,6 +529,7 @@ class DiskStorage(RingOwner):
         os.close(self.fd)
         self.control.close()
         self.control = None  # type: ignore[assignment]
+        self._lock.release()
 
     def __repr__(self) -> str:
         return f"DiskStorage({str(self.path)!r}, capacity={self.capacity}, cache_rows={self.cache_rows})"
@@ -501,7 +560,10 @@ class _Flusher:
     def _raise(self) -> None:
         if self.error is not None:
             error, self.error = self.error, None
-            raise RuntimeError(f"writing a durable point of {self._storage.path} failed: {error!r}") from error
+            what = f"writing a durable point of {self._storage.path} failed"
+            if isinstance(error, OSError):  # a full disk, a lost device: the type callers catch, the file named
+                raise OSError(error.errno, f"{what}: {error.strerror}", str(self._storage.path / STATE_FILE)) from error
+            raise RuntimeError(f"{what}: {error!r}") from error
 
     def _run(self) -> None:
         while True:
@@ -605,6 +667,7 @@ __all__ = [
     "ROW_FILE",
     "STATE_FILE",
     "DiskRows",
+    "BufferInUseError",
     "DiskStorage",
     "RecordFormat",
     "last_durable_header",

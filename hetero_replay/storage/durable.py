@@ -189,7 +189,11 @@ def read_point(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, 
 
 
 def check_path(value: Any, name: str) -> Path:
-    """``value`` as a :class:`~pathlib.Path`; ``TypeError`` unless a ``str`` or ``os.PathLike`` of one, ``ValueError`` if empty."""
+    """``value`` as an absolute :class:`~pathlib.Path`; ``TypeError`` unless a ``str`` or ``os.PathLike`` of one, ``ValueError`` if empty.
+
+    Made absolute once, here at the public edge: a buffer's later durable points
+    and its writers in other processes must reach the same file after an ``os.chdir``.
+    """
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name} must be a str or os.PathLike, got {type(value).__name__} {value!r}")
     text = os.fspath(value)
@@ -197,7 +201,7 @@ def check_path(value: Any, name: str) -> Path:
         raise TypeError(f"{name} must name a path as text, got {type(text).__name__} {text!r}")
     if not text:
         raise ValueError(f"{name} must not be empty")
-    return Path(text)
+    return Path(os.path.abspath(text))
 
 
 def check_new_file(value: Any, name: str) -> Path:

@@ -38,6 +38,7 @@ from hetero_replay.checks import check_real
 from hetero_replay.storage import checkpoint
 from hetero_replay.storage.base import check_host_batch
 from hetero_replay.storage.checkpoint import MAX_HEADER_BYTES, MAX_STORAGE_BYTES, ReplayFileError
+from hetero_replay.storage.files import create_file, open_file
 from hetero_replay.storage.schema import Schema
 from hetero_replay.trees.base import MAX_CAPACITY
 
@@ -76,6 +77,11 @@ def pid_alive(pid: int) -> bool:
         return True  # no /proc: os.kill said it exists
 
 
+def check_abandon_after(value: Any) -> float:
+    """``value`` as a finite float ``> 0``: the ``abandon_after`` option of a ring storage (checked before its files)."""
+    return check_real(value, "storage_options abandon_after", positive=True)
+
+
 class RingControl:
     """The mapped control block of a ring (see the module docstring), optionally followed by rows.
 
@@ -96,7 +102,7 @@ class RingControl:
         """A new control block in a new file ``path`` (mode 0600), with ``payload_bytes`` after it."""
         blob = json.dumps(schema.to_json()).encode()
         payload_offset = _align(_align(_SCHEMA_AT + len(blob), 8) + 8 * capacity, _PAGE)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = create_file(path)
         try:
             os.ftruncate(fd, payload_offset + payload_bytes)  # sparse: pages cost memory or disk when written
             mapping = mmap.mmap(fd, payload_offset + payload_bytes)
@@ -114,8 +120,8 @@ class RingControl:
 
     @classmethod
     def attach(cls, path: str) -> RingControl:
-        """Map an existing ring file (``FileNotFoundError`` once its owner removed it)."""
-        fd = os.open(path, os.O_RDWR)
+        """Map an existing ring file (``FileNotFoundError`` once its owner removed it; never through a symlink)."""
+        fd = open_file(path)
         try:
             if os.fstat(fd).st_size == 0:  # mmap refuses an empty file; _check_layout says what is wrong
                 raise ReplayFileError(f"{path}: truncated ring control block (0 bytes)")
@@ -433,9 +439,8 @@ class RingReader:
     """
 
     def __init__(self, control: RingControl, abandon_after: float = 5.0) -> None:
-        check_real(abandon_after, "storage_options abandon_after", positive=True)
         self.control = control
-        self.abandon_after = abandon_after
+        self.abandon_after = check_abandon_after(abandon_after)
         self.seen = np.zeros(control.capacity, np.int64)  # the stamp each slot had at the last poll
         self.committed = 0  # slots whose seen stamp is a complete row
         self.scanned = 0  # tickets below this were looked at once; those still settling are in `pending`
@@ -499,6 +504,7 @@ __all__ = [
     "RingWriter",
     "RowSink",
     "append",
+    "check_abandon_after",
     "committed_slots",
     "pid_alive",
 ]

@@ -11,7 +11,9 @@ still use (cpython gh-82300; ``track=False`` came in 3.13), and it lives in
 process ``mmap``-s has neither problem and works in any directory: by default
 ``/dev/shm`` when it has room (memory, no disk traffic), else the temporary
 directory (page-cache backed; a warning says so); ``storage_options={"dir": ...}``
-chooses. The file is created with mode 0600 and removed when the owner closes
+chooses; a directory of one's own, or a sticky one like ``/tmp`` (the file's name is
+random and it is created exclusively, never through a link: see
+:mod:`~hetero_replay.storage.files`). The file is created with mode 0600 and removed when the owner closes
 the buffer (or exits); writers never remove it, so an actor that crashes leaks
 nothing. An owner killed with SIGKILL leaves its file behind, like any process
 killed mid-write of a temporary file.
@@ -29,8 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from hetero_replay.storage.durable import check_path
+from hetero_replay.storage.files import check_directory
 from hetero_replay.storage.host import HostStorage, record_layout
-from hetero_replay.storage.ring import RingControl, RingOwner, RingReader, RingWriter
+from hetero_replay.storage.ring import RingControl, RingOwner, RingReader, RingWriter, check_abandon_after
 from hetero_replay.storage.schema import Schema
 
 #: Where segments go by default, when it has room.
@@ -78,6 +82,7 @@ class SharedStorage(RingOwner, HostStorage):
         dir: str | os.PathLike[str] | None = None,
         abandon_after: float = 5.0,
     ) -> None:
+        abandon_after = check_abandon_after(abandon_after)  # every argument before the file
         schema = schema if isinstance(schema, Schema) else Schema(schema)
         _, row_bytes = record_layout(schema)
         directory = _segment_dir(dir, capacity * row_bytes)
@@ -134,9 +139,10 @@ def _write_taken(
 
 def _segment_dir(dir: str | os.PathLike[str] | None, nbytes: int) -> str:
     if dir is not None:
-        if not os.path.isdir(dir):
-            raise ValueError(f"storage_options dir={str(dir)!r} is not a directory")
-        return os.fspath(dir)
+        # Absolute (writers in other processes attach by this path), and no one else's to plant files in.
+        directory = check_path(dir, "storage_options dir")
+        check_directory(directory, "storage_options dir", shared_sticky=True)
+        return str(directory)
     if os.path.isdir(SHM_DIR):
         st = os.statvfs(SHM_DIR)
         if st.f_bavail * st.f_frsize >= nbytes * 1.25 + (16 << 20):

@@ -1,0 +1,167 @@
+"""How the library creates and opens the files of a buffer: private, never through a planted link, owned once.
+
+Every path a buffer creates is treated the way ``ssh`` and ``git`` treat theirs,
+because a buffer's directory may sit where other local users can write
+(``/tmp``, a shared scratch disk):
+
+* **A buffer's directory is private.** It is created with mode 0700; an
+  existing one must be a real directory (not a symlink), owned by this user,
+  and writable by nobody else. A directory that group or others may write is
+  refused even when sticky: another user could have made it, and its entries
+  are the buffer's own names, known in advance. (A file *beside* which a
+  random name is created, such as a ``"shared"`` segment in ``/dev/shm``, may
+  go in a sticky directory: see :func:`check_directory`.)
+* **New files are new.** ``O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC``, mode
+  0600: an existing file or a symlink under that name is an error, never
+  truncated or followed. Temporary files get unpredictable names
+  (:func:`tempfile.mkstemp` or a random suffix, created the same way).
+* **Existing files are opened without following a symlink** and must be
+  regular files.
+* **One owner at a time.** :class:`OwnerLock` is an exclusive ``flock`` on
+  ``<directory>/lock``, taken before anything else in the directory is read
+  or written and held while the buffer is open. The kernel drops it when its
+  process dies, however it dies; forked children close their copy at once, so
+  a child that outlives its parent does not keep the buffer locked.
+  Where it holds: every local file system; NFS across hosts (Linux >= 2.6.12
+  emulates ``flock`` as a whole-file POSIX lock, so the lock file is opened for
+  writing) unless mounted ``nolock`` or ``local_lock=flock|all`` (then this host
+  only). A file system that refuses locks is refused with :class:`OSError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import weakref
+from pathlib import Path
+
+#: Flags of every file the library creates: new, not through a link, not inherited by exec'd programs.
+NEW_FILE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Flags added to every existing file the library opens.
+EXISTING_FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
+LOCK_FILE = "lock"
+
+
+class BufferInUseError(ValueError):
+    """Another learner (this process or another, on this host or one sharing the file system) owns the buffer."""
+
+
+def check_directory(path: Path, name: str, shared_sticky: bool = False) -> None:
+    """Refuse a directory another user could plant files in: ``ValueError`` naming ``name``.
+
+    It must be a real directory (not a symlink), owned by this user and not
+    writable by group or others; with ``shared_sticky`` a sticky directory is
+    also accepted (``/tmp``, ``/dev/shm``), for files created there under a
+    random name with :data:`NEW_FILE_FLAGS`.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise ValueError(f"{name}={str(path)!r} does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise ValueError(f"{name}={str(path)!r} is a symlink; give the directory it points to")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{name}={str(path)!r} is not a directory")
+    if shared_sticky and st.st_mode & stat.S_ISVTX:
+        return
+    if st.st_uid != os.geteuid():
+        raise ValueError(f"{name}={str(path)!r} belongs to user {st.st_uid}, not to this user ({os.geteuid()})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValueError(
+            f"{name}={str(path)!r} is writable by other users (mode {stat.filemode(st.st_mode)}): "
+            "they could plant files in it; use a directory only you can write (chmod go-w)"
+        )
+
+
+def private_directory(path: Path, name: str) -> bool:
+    """Create directory ``path`` (mode 0700, parents as ``mkdir -p``) or check an existing one.
+
+    Returns whether it was created here. Raises ``ValueError`` as :func:`check_directory`.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+        created = True
+    except FileExistsError:
+        created = False
+    check_directory(path, name)
+    return created
+
+
+def create_file(path: str | os.PathLike[str], flags: int = os.O_RDWR, mode: int = 0o600) -> int:
+    """A new file at ``path``, opened with ``flags``: ``FileExistsError`` if anything (a link too) is there."""
+    return os.open(path, flags | NEW_FILE_FLAGS, mode)
+
+
+def open_file(path: str | os.PathLike[str], flags: int = os.O_RDWR) -> int:
+    """An existing regular file at ``path``, not through a symlink (``OSError`` otherwise)."""
+    fd = os.open(path, flags | EXISTING_FILE_FLAGS)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    return fd
+
+
+class OwnerLock:
+    """The exclusive ownership of a buffer's directory (see the module docstring), released by :meth:`release`.
+
+    Raises:
+        BufferInUseError: another open file description holds the lock.
+        OSError: the lock file cannot be made, or the file system refuses locks.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / LOCK_FILE
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | EXISTING_FILE_FLAGS, 0o600)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", str(self.path))
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise BufferInUseError(
+                f"{str(directory)!r} is owned by another learner (it holds {str(self.path)!r}); "
+                "close it there, or wait for that process to end"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        _held.add(self)
+
+    def release(self) -> None:
+        """Drop the lock (idempotent; a no-op in a forked child, whose copy is closed already)."""
+        fd, self._fd = self._fd, -1
+        _held.discard(self)
+        if fd >= 0:
+            os.close(fd)
+
+
+_held: weakref.WeakSet[OwnerLock] = weakref.WeakSet()
+
+
+def _close_in_child() -> None:
+    """A forked child closes its copies of the owner locks: the parent alone owns its buffers."""
+    for lock in list(_held):
+        if lock._fd >= 0:
+            os.close(lock._fd)
+            lock._fd = -1
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+__all__ = [
+    "EXISTING_FILE_FLAGS",
+    "LOCK_FILE",
+    "NEW_FILE_FLAGS",
+    "BufferInUseError",
+    "OwnerLock",
+    "check_directory",
+    "create_file",
+    "open_file",
+    "private_directory",
+]
