@@ -12,6 +12,7 @@
 
 #include "hetero_replay/gather.hpp"
 #include "hetero_replay/kary_tree.hpp"
+#include "released_gil.hpp"
 
 namespace py = pybind11;
 using namespace hetero_replay;
@@ -148,7 +149,7 @@ struct PyRowAccess {
       outs.append(out);
     }
     {
-      py::gil_scoped_release nogil;
+      ReleasedGil nogil;
       gather_rows(fields, out_ptrs, ix, n, n >= 1024 ? num_threads() : 1);
     }
     return outs;
@@ -216,11 +217,11 @@ PYBIND11_MODULE(_native, m) {
         py::array out(dt, td.size());
         double max_raw;
         if (dt.equal(py::dtype::of<float>())) {
-          py::gil_scoped_release nogil;
+          ReleasedGil nogil;
           max_raw =
               priorities_from_td(td.data(), td.size(), alpha, eps, static_cast<float*>(out.mutable_data()));
         } else if (dt.equal(py::dtype::of<double>())) {
-          py::gil_scoped_release nogil;
+          ReleasedGil nogil;
           max_raw =
               priorities_from_td(td.data(), td.size(), alpha, eps, static_cast<double*>(out.mutable_data()));
         } else {
@@ -251,7 +252,7 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "run_parallel_for_test",
       [](int64_t n, int threads, int64_t failing_item) {
-        py::gil_scoped_release nogil;
+        ReleasedGil nogil;
         parallel_for(n, threads, [&](int64_t i) {
           if (i == failing_item) throw std::runtime_error("item " + std::to_string(i) + " failed");
         });
@@ -314,7 +315,7 @@ writers and readers are serialised by an internal reader/writer lock.
             if (val.size() != idx.size())
               throw py::value_error("got " + std::to_string(idx.size()) + " indices but " +
                                     std::to_string(val.size()) + " priorities");
-            py::gil_scoped_release nogil;
+            ReleasedGil nogil;
             std::unique_lock lock(t.tree->mutex());
             t.tree->update(idx.data(), val.data(), idx.size());
           },
@@ -331,7 +332,7 @@ writers and readers are serialised by an internal reader/writer lock.
             if (td.size() != idx.size())
               throw py::value_error("got " + std::to_string(idx.size()) + " indices but " +
                                     std::to_string(td.size()) + " TD errors");
-            py::gil_scoped_release nogil;
+            ReleasedGil nogil;
             std::unique_lock lock(t.tree->mutex());
             return t.tree->update_td(idx.data(), td.data(), idx.size(), alpha, eps,
                                      limit.value_or(t.tree->capacity()));
@@ -346,7 +347,7 @@ writers and readers are serialised by an internal reader/writer lock.
             IndexArray idx = as_indices(idx_obj);
             py::array out(t.dtype(), idx.size());
             void* o = out.mutable_data();
-            py::gil_scoped_release nogil;
+            ReleasedGil nogil;
             std::shared_lock lock(t.tree->mutex());
             t.tree->get(idx.data(), idx.size(), o);
             return out;
@@ -360,7 +361,7 @@ writers and readers are serialised by an internal reader/writer lock.
             DoubleArray mass = DoubleArray::ensure(any);
             IndexArray out(mass.size());
             int64_t* o = out.mutable_data();
-            py::gil_scoped_release nogil;
+            ReleasedGil nogil;
             std::shared_lock lock(t.tree->mutex());
             t.tree->find(mass.data(), mass.size(), o);
             return out;
@@ -383,7 +384,7 @@ writers and readers are serialised by an internal reader/writer lock.
             int64_t* io = idx.mutable_data();
             float* wo = w.mutable_data();
             {
-              py::gil_scoped_release nogil;
+              ReleasedGil nogil;
               std::shared_lock lock(t.tree->mutex());
               t.tree->sample(u.data(), batch_size, stratified, beta, io, wo);
             }
@@ -397,7 +398,7 @@ writers and readers are serialised by an internal reader/writer lock.
           [](const PySumTree& t) {
             py::array out(t.dtype(), t.tree->capacity());
             void* o = out.mutable_data();
-            py::gil_scoped_release nogil;
+            ReleasedGil nogil;
             std::shared_lock lock(t.tree->mutex());
             t.tree->leaves(o);
             return out;
@@ -410,7 +411,7 @@ writers and readers are serialised by an internal reader/writer lock.
             if (val.size() != t.tree->capacity())
               throw py::value_error("expected " + std::to_string(t.tree->capacity()) + " leaves, got " +
                                     std::to_string(val.size()));
-            py::gil_scoped_release nogil;
+            ReleasedGil nogil;
             std::unique_lock lock(t.tree->mutex());
             t.tree->load_leaves(val.data());
           },

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "hetero_replay/ring_slots.hpp"
+#include "released_gil.hpp"
 
 namespace py = pybind11;
 using namespace hetero_replay;
@@ -184,7 +185,7 @@ void register_ring(py::module_& m) {
         int64_t delta = 0;  // change in the number of slots holding a complete row
         py::array_t<int8_t> keep(pending.size());
         {
-          py::gil_scoped_release nogil;
+          ReleasedGil nogil;
           // Records what changed in the slot of ticket t; returns whether t's own row may still come.
           auto visit = [&](int64_t t) -> int8_t {
             const int64_t s = t % capacity;
@@ -228,7 +229,7 @@ void register_ring(py::module_& m) {
           throw py::value_error("read_records: threads must be >= 1, got " + std::to_string(threads));
         int err;
         {
-          py::gil_scoped_release nogil;
+          ReleasedGil nogil;
           err = read_records(fd, offsets.data(), offsets.size(), out.shape(1),
                              static_cast<uint8_t*>(out.mutable_data()), threads);
         }

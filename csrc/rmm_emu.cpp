@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "rmm_core.hpp"
+#include "released_gil.hpp"
 
 namespace py = pybind11;
 
@@ -170,7 +171,7 @@ class PyRmm {
     if (!words.empty()) std::memcpy(words.data(), commands.data(), words.size() * sizeof(uint64_t));
     std::vector<uint64_t> out;
     {
-      py::gil_scoped_release release;
+      hetero_replay::ReleasedGil release;
       const std::vector<size_t> ends = frame(words);  // throws before anything runs
       std::lock_guard<std::mutex> lock(mutex_);       // released before the GIL is taken back
       engine_->run(words, ends, out);

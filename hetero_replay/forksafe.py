@@ -12,14 +12,23 @@ Locks are taken in ``(order, creation)`` order. A thread that holds one lock
 while taking another must take them in that order too, or a concurrent fork
 can deadlock: adapters' buffers (order 0) call into the engine's (order 2),
 never the reverse; a relaxed pipeline (order 1) sits between them.
+
+At interpreter exit the exiting thread takes them all the same way and keeps
+them: daemon threads are then not inside the library when the interpreter
+finalizes (one that is, ended mid native call, would crash the process).
+A lock-holding thread may create locks (a buffer built inside another's
+``load_state_dict``): the fork handler never waits for a lock while holding
+the registry that creation needs.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -90,10 +99,33 @@ def holding(*locks: ForkSafeLock) -> Iterator[None]:
 
 
 def _before_fork() -> None:
-    _registry_lock.acquire()
-    _held[:] = sorted(_live, key=lambda lock: lock._key)
-    for lock in _held:
-        lock._lock.acquire()
+    # Never wait for a lock while holding the registry lock: a thread that holds a ForkSafeLock may be
+    # creating another (a buffer built inside load_state_dict or reset), and it needs the registry lock for
+    # that. So take the live locks in order without it, then, under it, the ones created meanwhile — only
+    # if they are free, since waiting there could invert the order; else let everything go and start over.
+    # The registry lock stays held until after the fork: no lock is created (and taken) unseen.
+    while True:
+        with _registry_lock:
+            taken = sorted(_live, key=_order)
+        for lock in taken:
+            lock._lock.acquire()
+        _registry_lock.acquire()
+        late = sorted(set(_live).difference(taken), key=_order)
+        for lock in late:
+            if not lock._lock.acquire(blocking=False):
+                break
+            taken.append(lock)
+        else:
+            _held[:] = taken
+            return
+        _registry_lock.release()
+        for lock in reversed(taken):
+            lock._lock.release()
+        time.sleep(0.001)  # the late lock's holder is running: let it finish
+
+
+def _order(lock: ForkSafeLock) -> tuple[int, int]:
+    return lock._key
 
 
 def _after_fork_in_parent() -> None:
@@ -111,8 +143,28 @@ def _after_fork_in_child() -> None:
     _registry_lock = threading.Lock()
 
 
+def holding_for_exit() -> bool:
+    """Whether the interpreter is exiting and this thread took every lock for it (see ``_hold_at_exit``)."""
+    return _exit_holder == threading.get_ident()
+
+
+def _hold_at_exit() -> None:
+    # Daemon threads run on until the interpreter finalizes; then one inside a native call is ended where
+    # it next takes the GIL back, and its C++ frames are unwound without the GIL (a crash) — or, before
+    # ReleasedGil, std::terminate. So at exit, as before a fork, wait for the calls in flight and let none
+    # start: this thread keeps every lock (re-entrant, so later exit handlers here still use the buffers).
+    global _exit_holder
+    _before_fork()
+    _held.clear()
+    _registry_lock.release()  # locks made by later exit handlers are theirs
+    _exit_holder = threading.get_ident()
+
+
+_exit_holder: int | None = None
+
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+atexit.register(_hold_at_exit)
 
 
-__all__ = ["INNER", "OUTER", "PIPELINE", "ForkSafeLock", "holding"]
+__all__ = ["INNER", "OUTER", "PIPELINE", "ForkSafeLock", "holding", "holding_for_exit"]

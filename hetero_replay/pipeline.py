@@ -30,7 +30,9 @@ priorities it was drawn with, ``beta`` being the one of the ``sample`` call.
 raised, naming the step, by the first ``sample`` whose batch the schedule
 draws after that update (or by a write or :meth:`~RelaxedReplay.flush` that
 applies it), whichever thread applied it; the bad update changes nothing and
-is skipped, and the next call goes on. **Threads**: the work runs on a worker thread where
+is skipped, and the next call goes on. Anything else that stops the worker
+thread (the wrapped buffer closed under it, a durable point failing in it) is
+raised by the learner's next call, once. **Threads**: the work runs on a worker thread where
 that pays (``worker="auto"``: once the replay work is a quarter of the
 learner's step; below, the GIL hand-overs between two Python threads cost more
 than the overlap gains, so the same schedule runs on the learner's thread).
@@ -51,12 +53,12 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from hetero_replay.checks import check_batch_size
-from hetero_replay.forksafe import PIPELINE, ForkSafeLock
+from hetero_replay.forksafe import PIPELINE, ForkSafeLock, holding_for_exit
 from hetero_replay.options import PEROptions, StalenessOptions, check_beta
 from hetero_replay.priorities import Priorities, PrioritySnapshot
 from hetero_replay.replay import PrioritizedReplay, Sample
@@ -383,6 +385,7 @@ class _Pipeline:
         self.schedule.epoch = replay.track_writes()
         self.dropped = 0
         self.errors: list[tuple[int, Exception]] = []  # (step, error) of updates that failed, in step order
+        self.worker_error: Exception | None = None  # what stopped the worker thread, for the learner's next call
         self.stopping = False
         self.thread: threading.Thread | None = None
         self.streams = _Streams.for_device(replay.device)
@@ -427,6 +430,7 @@ class _Pipeline:
             raise ValueError(f"update_priorities: {n_idx} indices but {n_td} TD errors")
         event = self.streams.mark(td)
         with self.lock:
+            self._raise_worker_error()
             # No wake-up: the worker applies it when the next sample lets it draw the batch that needs it,
             # so the learner's next sample never waits behind an update only a later batch needs.
             self.schedule.record(idx, td, event)
@@ -484,6 +488,11 @@ class _Pipeline:
             self.works.clear()
 
     def stop(self) -> None:
+        if holding_for_exit():
+            # The interpreter is exiting and this thread holds every buffer's lock (forksafe): the worker
+            # cannot finish a draw or see `stopping`, and, a daemon, it ends with the process.
+            self.stopping = True
+            return
         with self.lock:
             self._quiesce()
             self.stopping = True
@@ -576,13 +585,17 @@ class _Pipeline:
         Whether the worker or the learner applied it, the same call raises, so runs do not
         depend on the timing (the failed update is skipped: the next call goes on).
         """
+        self._raise_worker_error()
         if not self.errors or self.errors[0][0] > through:
             return
         step, e = self.errors.pop(0)
-        message = f"priority update or draw of learner step {step} failed on the pipeline's worker: {e}"
-        if isinstance(e, (ValueError, TypeError, IndexError)):
-            raise type(e)(message) from e
-        raise RuntimeError(message) from e
+        _relay(e, f"priority update or draw of learner step {step} failed on the pipeline's worker: {e}")
+
+    def _raise_worker_error(self) -> None:
+        """Raise what stopped the worker thread (once: the next sample starts a new worker)."""
+        if self.worker_error is not None:
+            e, self.worker_error = self.worker_error, None
+            _relay(e, f"the pipeline's worker thread stopped: {type(e).__name__}: {e}")
 
     # -- the worker thread -------------------------------------------------------------------
 
@@ -594,13 +607,22 @@ class _Pipeline:
     def _run(self) -> None:
         while True:
             with self.lock:
-                job = self._next_job()
-                while not self.stopping and job is None:
-                    self.cond.wait()
+                try:
                     job = self._next_job()
-                if self.stopping or job is None:
+                    while not self.stopping and job is None:
+                        self.cond.wait()
+                        job = self._next_job()
+                    if self.stopping or job is None:
+                        return
+                    job()
+                except Exception as e:  # the wrapped buffer closed, a durable point failed in it, ...
+                    # Failed updates and draws are handled in the jobs; anything else ends this worker, and the
+                    # learner's next call raises it (it must not vanish with the thread).
+                    self.worker_error = e
+                    self.hold = True
+                    self.thread = None
+                    self.cond.notify_all()
                     return
-                job()
 
     def _after_fork_in_child(self) -> None:
         # The lock is fresh (ForkSafeLock) and no job was under way (the fork waited for it);
@@ -610,6 +632,15 @@ class _Pipeline:
         if self.drawing:  # forked mid-draw: the batch stays in the parent, so its draw is undone here
             self.replay.rng.bit_generator.state = self.drawing_from
             self.drawing = False
+
+
+def _relay(e: Exception, message: str) -> NoReturn:
+    """Raise ``message`` from the worker's error ``e``: as its own type where callers catch that, else RuntimeError."""
+    if isinstance(e, OSError):  # a full disk, a lost device: the errno and the file stay
+        raise (OSError(message) if e.errno is None else OSError(e.errno, message, e.filename)) from e
+    if isinstance(e, (ValueError, TypeError, IndexError)):
+        raise type(e)(message) from e
+    raise RuntimeError(message) from e
 
 
 def _after_fork_in_child() -> None:

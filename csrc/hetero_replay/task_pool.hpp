@@ -30,9 +30,12 @@ namespace hetero_replay {
 
 class TaskPool {
  public:
+  // Never destroyed: at exit, a daemon thread of the interpreter may still be
+  // inside run() (it is stopped only when it takes the GIL back), and joining
+  // or freeing the workers under it would break it; the process's exit ends them.
   static TaskPool& instance() {
-    static TaskPool pool;
-    return pool;
+    static TaskPool* pool = new TaskPool();
+    return *pool;
   }
 
   // Threads used by batch operations, the caller included. Default: the
@@ -122,15 +125,6 @@ class TaskPool {
     p.error_ = nullptr;
   }
 
-  ~TaskPool() {
-    {
-      std::lock_guard<std::mutex> lock(job_mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (std::thread& w : workers_) w.join();
-  }
-
   // The claim counter packs the job's generation with the next item, so a
   // worker holding a finished job's description can never claim an item of
   // the next job.
@@ -183,8 +177,7 @@ class TaskPool {
       Job job;
       {
         std::unique_lock<std::mutex> lock(job_mutex_);
-        wake_.wait(lock, [&] { return stopping_ || (generation_ != seen && rank < job_.helpers); });
-        if (stopping_) return;
+        wake_.wait(lock, [&] { return generation_ != seen && rank < job_.helpers; });
         seen = generation_;
         job = job_;
       }
@@ -218,7 +211,6 @@ class TaskPool {
   std::vector<std::thread> workers_;
   Job job_;
   uint32_t generation_ = 0;
-  bool stopping_ = false;
   std::atomic<uint64_t> next_{0};
   std::atomic<int64_t> done_{0};
 };
