@@ -77,7 +77,7 @@ def test_perdqn_goes_on_from_a_reopened_disk_buffer_after_kill_9(tmp_path):
     # SB3's array attributes read through the engine for a storage with no live view.
     dones = buf.dones[: buf.size()]
     assert dones.shape == (buf.size(), 1) and set(np.unique(dones)) <= {0.0, 1.0}
-    buf._replay.close()
+    buf.close()
 
 
 def test_disk_storage_refuses_a_placement_and_a_storage_together(tmp_path):

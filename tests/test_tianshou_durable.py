@@ -411,9 +411,10 @@ def test_dqn_cartpole_training_resumes_from_a_reopened_buffer(tmp_path: Path) ->
     first = HeteroPrioritizedVectorReplayBuffer(4000, 2, random_seed=0, durable_path=path, flush_every=32)
     train(first, 300)
     assert header_of(path)["durable"]["points"] > 1
+    added = first._durable.schedule.added
+    del first  # the learner is gone (collected, it writes its last durable point)
     point = header_of(path)["durable"]["added"]
-    assert 0 < point <= first._durable.schedule.added
-    del first  # the learner is gone
+    assert 0 < point <= added
 
     reopened = HeteroPrioritizedVectorReplayBuffer.reopen(path)
     at_point = len(reopened)

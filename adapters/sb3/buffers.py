@@ -22,7 +22,9 @@ operations under way, so the child gets consistent buffers with free locks.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -281,6 +283,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._samples_since_update = 0
         self._warned_no_update = False
         self._lock = ForkSafeLock(OUTER)
+        self._closed = False
+        self._close_when_gone()
 
     # -- what a transition holds ------------------------------------------------
 
@@ -609,13 +613,25 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             self._samples_since_update = 0
 
     def reset(self) -> None:
-        """Empty the buffer (priorities and the max priority start over)."""
+        """Empty the buffer (priorities and the max priority start over).
+
+        Raises:
+            ValueError: the replay is not this buffer's to empty (a ``ShardedReplay`` it was
+                given), or its files are at a ``path`` the user named (``storage="disk"``):
+                refused before anything changes, SB3's counters included.
+        """
         with self._lock:
-            super().reset()
             if not self._owns_replay:
                 raise ValueError(
                     "reset() would empty a ShardedReplay this buffer was given; close and rebuild it yourself"
                 )
+            path = self._config.get("storage_options", {}).get("path")
+            if path is not None:
+                raise ValueError(
+                    f"reset() would discard the durable buffer at storage_options path={path!r}; "
+                    "close() this buffer and build a new one at another path"
+                )
+            super().reset()
             old = self._replay
             seed = int(old.rng.integers(2**31 - 1))
             old.close()  # its worker, shards or files go first: the new replay may take the same places
@@ -658,6 +674,33 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         with self._lock:
             self._commit()
             self._replay.flush()
+
+    def close(self) -> None:
+        """Hand the staged rows to the replay, make its last durable point and release it.
+
+        A durable buffer (``storage="disk"``; with ``distributed=``, every shard)
+        keeps every row added: reopen its ``path`` to continue. A buffer not closed
+        is closed the same way when it is garbage collected or the interpreter
+        exits normally (in the process that built it, not in forked children);
+        only a crash loses the rows added since the last durable point. A
+        ``ShardedReplay`` given with ``distributed=`` is flushed, not closed (it
+        is not this buffer's). Closing twice does nothing.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._commit()
+                self._replay.flush()
+            finally:
+                if self._owns_replay:
+                    self._replay.close()
+
+    def _close_when_gone(self) -> None:
+        """Close this buffer when it is collected or at interpreter exit, if it was not closed before."""
+        # The callback holds the instance's attributes, not the instance: it must not keep the buffer alive.
+        weakref.finalize(self, _close_unclosed, type(self), self.__dict__, os.getpid())
 
     @property
     def replay(self) -> Replay:
@@ -751,6 +794,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             self._replay.write_rows(self.pos * self.n_envs, {"obs": newest_next_obs})
         self._stage_new()
         self._lock = ForkSafeLock(OUTER)
+        self._closed = False
+        self._close_when_gone()
 
     def _count_sample(self) -> None:
         """Count a successful sample; warn once when priorities never move. Hold the lock."""
@@ -889,6 +934,18 @@ def _field_dtype(dtype: npt.DTypeLike | None) -> np.dtype:
 def _host_copy(value: np.ndarray | th.Tensor) -> np.ndarray:
     """A NumPy copy of storage rows, wherever the storage is."""
     return value.cpu().numpy().copy() if isinstance(value, th.Tensor) else np.array(value)
+
+
+def _close_unclosed(buffer_class: type[PrioritizedReplayBuffer], state: dict[str, Any], owner: int) -> None:
+    """``weakref.finalize``'s callback: close a buffer left unclosed, from its attributes.
+
+    Only in the process that built it: a forked child's copy must not write the owner's files.
+    """
+    if os.getpid() != owner or state.get("_closed", True):
+        return
+    buffer = buffer_class.__new__(buffer_class)
+    buffer.__dict__ = state  # the same attributes, so close() sees and updates the buffer's own state
+    buffer.close()
 
 
 def _check_distributed(distributed: Any, optimize_memory_usage: Any, placement: Any, storage: Any) -> None:
