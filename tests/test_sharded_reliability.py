@@ -75,6 +75,7 @@ def test_an_update_naming_a_never_filled_slot_is_refused_and_sampling_goes_on() 
 def test_a_closed_replay_and_its_writers_fail_at_once_saying_so() -> None:
     replay = ShardedReplay(2, 64, SCHEMA, seed=0, recovery_timeout=3600)
     writer = replay.writer()
+    assert writer.recovery_timeout == 3600  # the replay's own
     writer.add(rows(np.arange(4)))  # the writer has found the shards
     replay.close()
     # Before: the writer waited recovery_timeout for shards that were killed for good.

@@ -712,7 +712,7 @@ class ShardedReplay:
         is ``"least_full"`` or ``"round_robin"``.
         """
         self._check_open()
-        return ShardWriter(self.name, self.num_shards, self.address, self.config, policy)
+        return ShardWriter(self.name, self.num_shards, self.address, self.config, policy, self.recovery_timeout)
 
     def close(self, destroy: bool | None = None) -> None:
         """Stop using the shards; kill them unless they are detached (``destroy`` overrides)."""
