@@ -25,17 +25,21 @@ because a buffer's directory may sit where other local users can write
   Where it holds: every local file system; NFS across hosts (Linux >= 2.6.12
   emulates ``flock`` as a whole-file POSIX lock, so the lock file is opened for
   writing) unless mounted ``nolock`` or ``local_lock=flock|all`` (then this host
-  only). A file system that refuses locks is refused with :class:`OSError`.
+  only); SMB across hosts from Linux 5.5. A file system that refuses locks is
+  refused with :class:`OSError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import stat
 import weakref
 from pathlib import Path
+
+from hetero_replay.forksafe import ForkSafeLock
 
 #: Flags of every file the library creates: new, not through a link, not inherited by exec'd programs.
 NEW_FILE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -114,22 +118,31 @@ class OwnerLock:
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / LOCK_FILE
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | EXISTING_FILE_FLAGS, 0o600)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(errno.EINVAL, "not a regular file", str(self.path))
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise BufferInUseError(
-                f"{str(directory)!r} is owned by another learner (it holds {str(self.path)!r}); "
-                "close it there, or wait for that process to end"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        _held.add(self)
+        in_use = BufferInUseError(
+            f"{str(directory)!r} is owned by another learner (it holds {str(self.path)!r}); "
+            "close it there, or wait for that process to end"
+        )
+        with _acquiring:
+            # Where flock is a POSIX lock (NFS), a process's second lock of a file is granted and
+            # closing any descriptor of it drops the first: so this process's own locks are looked
+            # up before the file is opened at all.
+            with contextlib.suppress(FileNotFoundError):
+                if _identity(os.stat(self.path, follow_symlinks=False)) in {lock._identity for lock in _held}:
+                    raise in_use
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | EXISTING_FILE_FLAGS, 0o600)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file", str(self.path))
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise in_use from None
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd, self._identity = fd, _identity(st)
+            _held.add(self)
 
     def release(self) -> None:
         """Drop the lock (idempotent; a no-op in a forked child, whose copy is closed already)."""
@@ -140,6 +153,12 @@ class OwnerLock:
 
 
 _held: weakref.WeakSet[OwnerLock] = weakref.WeakSet()
+#: Serialises this process's lock acquisitions (a ForkSafeLock: fresh in a forked child).
+_acquiring = ForkSafeLock()
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
 
 
 def _close_in_child() -> None:
