@@ -405,3 +405,43 @@ def test_full_disk_when_flushing_keeps_the_last_durable_point(tmp_path):
     assert sorted(got["id"].tolist()) == list(range(1, 21))
     again.close()
     assert {p.name for p in (tmp_path / "buf").iterdir()} == {CONTROL_FILE, ROW_FILE, STATE_FILE, LOCK_FILE}
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 1 MiB file system that fills up (a tmpfs: root only)."""
+    mount = tmp_path / "small"
+    mount.mkdir(mode=0o700)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+_SMALL_SHM = """
+import sys
+import numpy as np
+from hetero_replay import PrioritizedReplay
+schema = {{"id": ((), np.int64), "obs": ((1024,), np.float32)}}
+try:
+    buf = PrioritizedReplay(1024, schema, storage="shared", storage_options={{"dir": {dir!r}}})
+except OSError as e:
+    print("refused", type(e).__name__, e)
+    sys.exit(0)
+ids = np.arange(1024, dtype=np.int64)
+buf.add({{"id": ids, "obs": np.ones((1024, 1024), np.float32)}})  # 4 MiB into a 1 MiB file system
+sys.exit("a segment larger than its file system was made")
+"""
+
+
+def test_shared_segment_too_big_for_its_file_system_is_refused_not_a_sigbus(small_tmpfs):
+    """A 'shared' segment larger than its (small) file system: OSError when it is made, where it was a
+    sparse file whose first add past the free space killed the process with SIGBUS."""
+    script = _SMALL_SHM.format(dir=str(small_tmpfs))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=JOIN_S)
+    assert done.returncode == 0, (done.returncode, done.stdout + done.stderr)
+    assert "refused OSError" in done.stdout and "No space left" in done.stdout, done.stdout
+    assert list(small_tmpfs.iterdir()) == []

@@ -24,6 +24,7 @@ protocol, whose atomic steps are in ``csrc/hetero_replay/ring_slots.hpp``:
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -104,7 +105,9 @@ class RingControl:
         payload_offset = _align(_align(_SCHEMA_AT + len(blob), 8) + 8 * capacity, _PAGE)
         fd = create_file(path)
         try:
-            os.ftruncate(fd, payload_offset + payload_bytes)  # sparse: pages cost memory or disk when written
+            # Every page of the mapping reserved now: on a full file system (a small /dev/shm) a store
+            # into a page that cannot be allocated is a SIGBUS that kills the process; this is ENOSPC here.
+            _reserve(fd, payload_offset + payload_bytes)
             mapping = mmap.mmap(fd, payload_offset + payload_bytes)
             head = np.frombuffer(mapping, np.int64, _HEADER_WORDS)
             head[_CAPACITY], head[_ROW_BYTES], head[_SCHEMA_BYTES] = capacity, row_bytes, len(blob)
@@ -285,6 +288,16 @@ def _check_layout(path: str, mapping: mmap.mmap) -> tuple[int, int, Schema, int,
         f"of a file of {size} bytes",
     )
     return capacity, row_bytes, schema, stamps_at, payload_at
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Give the file ``size`` bytes with their blocks allocated (``posix_fallocate``; ``ftruncate`` where unsupported)."""
+    os.ftruncate(fd, size)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: sparse, as before
+            raise
 
 
 def _marker(tag: int, ticket: int) -> int:

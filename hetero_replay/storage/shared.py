@@ -13,7 +13,9 @@ process ``mmap``-s has neither problem and works in any directory: by default
 directory (page-cache backed; a warning says so); ``storage_options={"dir": ...}``
 chooses; a directory of one's own, or a sticky one like ``/tmp`` (the file's name is
 random and it is created exclusively, never through a link: see
-:mod:`~hetero_replay.storage.files`). The file is created with mode 0600 and removed when the owner closes
+:mod:`~hetero_replay.storage.files`). Its pages are reserved when it is made (``posix_fallocate``), so a segment
+larger than the free space is an ``OSError`` then, not a SIGBUS at a later add.
+The file is created with mode 0600 and removed when the owner closes
 the buffer (or exits); writers never remove it, so an actor that crashes leaks
 nothing. An owner killed with SIGKILL leaves its file behind, like any process
 killed mid-write of a temporary file.
