@@ -116,6 +116,9 @@ class OwnerLock:
         OSError: the lock file cannot be made, or the file system refuses locks.
     """
 
+    _fd: int
+    _file_id: tuple[int, int]  # (device, inode) of the lock file
+
     def __init__(self, directory: Path) -> None:
         self.path = directory / LOCK_FILE
         in_use = BufferInUseError(
@@ -127,7 +130,7 @@ class OwnerLock:
             # closing any descriptor of it drops the first: so this process's own locks are looked
             # up before the file is opened at all.
             with contextlib.suppress(FileNotFoundError):
-                if _identity(os.stat(self.path, follow_symlinks=False)) in {lock._identity for lock in _held}:
+                if _identity(os.stat(self.path, follow_symlinks=False)) in {lock._file_id for lock in _held}:
                     raise in_use
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | EXISTING_FILE_FLAGS, 0o600)
             try:
@@ -141,7 +144,7 @@ class OwnerLock:
             except BaseException:
                 os.close(fd)
                 raise
-            self._fd, self._identity = fd, _identity(st)
+            self._fd, self._file_id = fd, _identity(st)
             _held.add(self)
 
     def release(self) -> None:
