@@ -131,3 +131,34 @@ def test_a_durable_tianshou_buffer_keeps_every_transition_when_the_script_ends_n
     assert out.returncode == 0, out.stderr[-3000:]
     # Before: 0 (only the empty buffer's first durable point was written).
     assert len(HeteroPrioritizedReplayBuffer.reopen(path)) == 16
+
+
+def _add(buf: PrioritizedReplayBuffer, rows: int) -> None:
+    for i in range(rows):
+        buf.add(np.full((1, 4), i % 2, np.float32), np.zeros((1, 4), np.float32), np.array([1]),
+                np.ones(1, np.float32), np.zeros(1, np.float32), [{}])  # fmt: skip
+
+
+def test_a_buffer_whose_replay_was_closed_through_replay_closes_quietly(tmp_path) -> None:
+    box = spaces.Box(-1, 1, (4,), np.float32)
+    buf = PrioritizedReplayBuffer(
+        10, box, spaces.Discrete(2), storage="disk", storage_options=dict(path=str(tmp_path / "r"))
+    )
+    _add(buf, 3)
+    buf.replay.close()  # the engine replay, closed by hand (as the distributed tests do with their shards)
+    buf.close()  # nothing left to write: no error, and none at exit either
+
+
+def test_reset_of_a_buffer_on_sharded_durable_points_is_refused_before_anything_changes(tmp_path, ray_local) -> None:
+    box = spaces.Box(-1, 1, (4,), np.float32)
+    where = str(tmp_path / "shards")
+    buf = PrioritizedReplayBuffer(10, box, spaces.Discrete(2), distributed=dict(num_shards=1, durable_dir=where))
+    try:
+        _add(buf, 12)
+        before = (buf.pos, buf.full, buf.size())
+        with pytest.raises(ValueError, match="reset.*durable_dir="):
+            buf.reset()
+        assert (buf.pos, buf.full, buf.size()) == before == (2, True, 10)
+        buf.sample(4)  # the shards were not killed: the buffer goes on
+    finally:
+        buf.close()

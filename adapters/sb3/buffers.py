@@ -57,6 +57,7 @@ from hetero_replay.extend import (
     one_policy_placement,
     same_device,
 )
+from hetero_replay.storage import DurableStorage
 
 #: A buffer sampled this many times in a row without ``update_priorities`` warns once.
 WARN_AFTER_SAMPLES = 100
@@ -274,6 +275,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             seed = int(np.random.randint(2**31 - 1))
         # Who builds the replay: a ShardedReplay given ready is used as it is, and never rebuilt (see reset).
         self._owns_replay = not isinstance(distributed, ShardedReplay)
+        # Where the user named the replay's durable files: a reset cannot start over there (see reset).
+        self._durable_at = _durable_place(storage_options, distributed)
         self._build_replay = _replay_builder(distributed, self._config, self.schedule_options)
         self._replay: Replay = self._build_replay(self.buffer_size * self.n_envs, self._schema(), seed)
         if self._replay.filled:  # a reopened "disk" buffer or a given replay: SB3's position follows the replay's
@@ -625,10 +628,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 raise ValueError(
                     "reset() would empty a ShardedReplay this buffer was given; close and rebuild it yourself"
                 )
-            path = self._config.get("storage_options", {}).get("path")
-            if path is not None:
+            if self._durable_at is not None:
                 raise ValueError(
-                    f"reset() would discard the durable buffer at storage_options path={path!r}; "
+                    f"reset() would discard the durable buffer at {self._durable_at}; "
                     "close() this buffer and build a new one at another path"
                 )
             super().reset()
@@ -690,6 +692,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if self._closed:
                 return
             self._closed = True
+            if _closed_through_replay(self._replay):
+                return
             try:
                 self._commit()
                 self._replay.flush()
@@ -934,6 +938,25 @@ def _field_dtype(dtype: npt.DTypeLike | None) -> np.dtype:
 def _host_copy(value: np.ndarray | th.Tensor) -> np.ndarray:
     """A NumPy copy of storage rows, wherever the storage is."""
     return value.cpu().numpy().copy() if isinstance(value, th.Tensor) else np.array(value)
+
+
+def _durable_place(storage_options: dict[str, Any] | None, distributed: Any) -> str | None:
+    """The argument naming where the replay keeps durable files (``path=...`` of ``"disk"``, ``durable_dir=...``
+    of ``distributed=``), as ``name=value``; ``None`` where there is none."""
+    if storage_options and storage_options.get("path") is not None:
+        return f"storage_options path={storage_options['path']!r}"
+    if isinstance(distributed, dict) and distributed.get("durable_dir") is not None:
+        return f"distributed durable_dir={distributed['durable_dir']!r}"
+    return None
+
+
+def _closed_through_replay(replay: Replay) -> bool:
+    """Whether ``replay`` was closed already, through the buffer's :attr:`~PrioritizedReplayBuffer.replay`."""
+    if isinstance(replay, ShardedReplay):
+        return replay.closed
+    engine = replay.replay if isinstance(replay, RelaxedReplay) else replay
+    storage = getattr(engine, "storage", None)
+    return isinstance(storage, DurableStorage) and storage.closed
 
 
 def _close_unclosed(buffer_class: type[PrioritizedReplayBuffer], state: dict[str, Any], owner: int) -> None:

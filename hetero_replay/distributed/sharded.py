@@ -697,6 +697,11 @@ class ShardedReplay:
         """Refused: shards make durable points themselves (``durable_dir=``, :meth:`flush`)."""
         raise TypeError(_NOT_IN_ONE_PROCESS)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the shards are no longer this learner's)."""
+        return not self._shards
+
     def _check_open(self) -> None:
         if not self._shards:
             raise RuntimeError(f"the sharded replay {self.name!r} is closed")
