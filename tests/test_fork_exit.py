@@ -20,12 +20,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 
 import numpy as np
 import pytest
-
-from tests.test_engine_concurrency import _wait_or_kill
 
 ENGINE_ENTRIES = ["add", "sample", "update_priorities", "state_dict", "load_state_dict", "save", "flush", "close"]
 ENTRIES = {
@@ -319,26 +316,31 @@ def test_at_exit_an_unclosed_relaxed_replay_does_not_wait_for_its_worker() -> No
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+_FORK_WHILE_CREATING = r"""
+import os, threading
+from hetero_replay.forksafe import OUTER, ForkSafeLock
+
+outer, made = ForkSafeLock(OUTER), []
+
+
+def nest():  # as SB3's reset and RelaxedReplay.load_state_dict do: a new buffer (and lock) under a lock
+    while True:
+        with outer:
+            made.append(ForkSafeLock())
+
+
+threading.Thread(target=nest, daemon=True).start()
+while not made:
+    pass
+for _ in range(5):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if outer.acquire(timeout=5) else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+"""
+
+
 def test_a_fork_while_a_thread_holding_a_lock_creates_one_returns() -> None:
-    from hetero_replay.forksafe import OUTER, ForkSafeLock
-
-    outer = ForkSafeLock(OUTER)
-    made, stop = [], threading.Event()
-
-    def nest() -> None:  # as SB3's reset and RelaxedReplay.load_state_dict do: a new buffer under a lock
-        while not stop.is_set():
-            with outer:
-                made.append(ForkSafeLock())
-
-    worker = threading.Thread(target=nest, daemon=True)
-    worker.start()
-    try:
-        for _ in range(5):
-            pid = os.fork()
-            if pid == 0:
-                os._exit(0 if outer.acquire(timeout=5) else 1)
-            assert _wait_or_kill(pid, timeout=60) == 0
-    finally:
-        stop.set()
-        worker.join(timeout=60)
-    assert made
+    # In a subprocess: before the fix, fork never returned (a lock-order inversion with the registry lock).
+    proc = subprocess.run([sys.executable, "-c", _FORK_WHILE_CREATING], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
