@@ -331,6 +331,7 @@ class RelaxedReplay:
     tree: SumTree = _Wrapped()  # type: ignore[assignment]
     position: int = _Wrapped()  # type: ignore[assignment]
     filled: int = _Wrapped()  # type: ignore[assignment]
+    closed: bool = _Wrapped()  # type: ignore[assignment]
 
     @property
     def staleness(self) -> int:

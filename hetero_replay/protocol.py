@@ -175,7 +175,12 @@ class Replay(Protocol):
         ...
 
     def close(self) -> None:
-        """Release what the replay holds (threads, files, shared memory, actors)."""
+        """Release what the replay holds (threads, files, shared memory, actors); again, nothing."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
         ...
 
 

@@ -144,6 +144,7 @@ class PrioritizedReplay:
         self._lock = ForkSafeLock(INNER)
         self._pos = 0
         self._size = 0
+        self._closed = False
         if self._durable is not None and self._durable.reopened_point is not None:
             header, leaves = self._durable.reopened_point  # the rows are the storage's
             self.priorities.load(leaves, header["max_priority"])
@@ -676,10 +677,15 @@ class PrioritizedReplay:
     def close(self) -> None:
         """Release what the storage holds (files, shared memory); the buffer is unusable afterwards.
 
+        Closing a closed buffer does nothing.
+
         A durable buffer (``"disk"``) makes a last durable point first (its files stay);
         a ``"shared"`` one removes its segment, and its writers' next ``add`` raises.
         """
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             try:
                 if self._durable is not None and not self._durable.closed:
                     if self._ring is not None:
@@ -687,6 +693,11 @@ class PrioritizedReplay:
                     self._durable_point(wait=True)
             finally:  # writers are told, and files closed, even when the last durable point fails
                 self.storage.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (closing again does nothing)."""
+        return self._closed
 
     def __getstate__(self) -> dict[str, Any]:
         return {"state": self.state_dict(), "tree": self.options.tree, "placement": self._placement}

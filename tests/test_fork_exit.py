@@ -61,10 +61,14 @@ def build():
         buf = engine()
         state = buf.state_dict()
         idx, td = np.arange(N), np.random.default_rng(0).random(N)
+        if kind == "relaxed":  # its updates wait for the batch that needs them: a learner samples between them
+            update = lambda: buf.update_priorities(buf.sample(N).indices, td)
+        else:
+            update = lambda: buf.update_priorities(idx, td)
         calls = {
             "add": lambda: buf.add(rows(N)),
             "sample": lambda: buf.sample(N),
-            "update_priorities": lambda: buf.update_priorities(idx, td),
+            "update_priorities": update,
             "state_dict": buf.state_dict,
             "load_state_dict": lambda: buf.load_state_dict(state),
             "save": lambda: buf.save(os.path.join(tmp, f"{os.getpid()}.hrp")),

@@ -57,7 +57,6 @@ from hetero_replay.extend import (
     one_policy_placement,
     same_device,
 )
-from hetero_replay.storage import DurableStorage
 
 #: A buffer sampled this many times in a row without ``update_priorities`` warns once.
 WARN_AFTER_SAMPLES = 100
@@ -692,7 +691,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if self._closed:
                 return
             self._closed = True
-            if _closed_through_replay(self._replay):
+            if self._replay.closed:  # (closed through .replay)
                 return
             try:
                 self._commit()
@@ -948,15 +947,6 @@ def _durable_place(storage_options: dict[str, Any] | None, distributed: Any) -> 
     if isinstance(distributed, dict) and distributed.get("durable_dir") is not None:
         return f"distributed durable_dir={distributed['durable_dir']!r}"
     return None
-
-
-def _closed_through_replay(replay: Replay) -> bool:
-    """Whether ``replay`` was closed already, through the buffer's :attr:`~PrioritizedReplayBuffer.replay`."""
-    if isinstance(replay, ShardedReplay):
-        return replay.closed
-    engine = replay.replay if isinstance(replay, RelaxedReplay) else replay
-    storage = getattr(engine, "storage", None)
-    return isinstance(storage, DurableStorage) and storage.closed
 
 
 def _close_unclosed(buffer_class: type[PrioritizedReplayBuffer], state: dict[str, Any], owner: int) -> None:
