@@ -539,23 +539,24 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if self.optimize_memory_usage:
                 data["next_obs"] = self._next_observations(indices)
             self._count_sample()
-        # The batch is this call's own copy from here on: no lock needed.
-        if env is not None and self._device_batches:
-            # VecNormalize works on NumPy arrays: normalising takes the batch through the host.
-            data = {name: value.cpu().numpy() for name, value in data.items()}
-        dones = data["done"]
-        if self.handle_timeout_termination:
-            dones = dones * (1.0 - data["timeout"])  # as in SB3: no termination at a time limit
-        return PrioritizedReplayBufferSamples(
-            observations=self._observation_tensor("obs", data, env),
-            actions=self._tensor(data["action"]),
-            next_observations=self._observation_tensor("next_obs", data, env),
-            dones=self._tensor(dones.reshape(-1, 1)),
-            rewards=self._tensor(self._normalize_reward(data["reward"].reshape(-1, 1), env)),
-            discounts=None,
-            weights=self._tensor(batch.weights.reshape(-1, 1)),
-            indices=indices,
-        )
+            # Still under the lock, though the batch is this call's own copy: torch's conversions must not run
+            # on a daemon thread at interpreter exit (the exit handler waits for buffer locks; torch aborts there).
+            if env is not None and self._device_batches:
+                # VecNormalize works on NumPy arrays: normalising takes the batch through the host.
+                data = {name: value.cpu().numpy() for name, value in data.items()}
+            dones = data["done"]
+            if self.handle_timeout_termination:
+                dones = dones * (1.0 - data["timeout"])  # as in SB3: no termination at a time limit
+            return PrioritizedReplayBufferSamples(
+                observations=self._observation_tensor("obs", data, env),
+                actions=self._tensor(data["action"]),
+                next_observations=self._observation_tensor("next_obs", data, env),
+                dones=self._tensor(dones.reshape(-1, 1)),
+                rewards=self._tensor(self._normalize_reward(data["reward"].reshape(-1, 1), env)),
+                discounts=None,
+                weights=self._tensor(batch.weights.reshape(-1, 1)),
+                indices=indices,
+            )
 
     def _next_observations(self, indices: np.ndarray | th.Tensor) -> np.ndarray | th.Tensor:
         """With ``optimize_memory_usage``: the next observations of sampled slots.
