@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "rmm_core.hpp"
 #include "released_gil.hpp"
+#include "rmm_core.hpp"
 
 namespace py = pybind11;
 
