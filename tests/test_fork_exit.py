@@ -321,7 +321,7 @@ def test_at_exit_an_unclosed_relaxed_replay_does_not_wait_for_its_worker() -> No
 
 
 _FORK_WHILE_CREATING = r"""
-import os, threading
+import os, threading, time
 from hetero_replay.forksafe import OUTER, ForkSafeLock
 
 outer, made = ForkSafeLock(OUTER), []
@@ -334,8 +334,8 @@ def nest():  # as SB3's reset and RelaxedReplay.load_state_dict do: a new buffer
 
 
 threading.Thread(target=nest, daemon=True).start()
-while not made:
-    pass
+while not made:  # the thread is nesting locks now
+    time.sleep(0.001)
 for _ in range(5):
     pid = os.fork()
     if pid == 0:
