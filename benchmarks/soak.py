@@ -69,7 +69,7 @@ def payload_of(wid: np.ndarray, seq: np.ndarray) -> np.ndarray:
 def writer_main(handle: Any, wid: int, acked: Any, stop: Any) -> None:
     """Add chunks of rows until stopped (or SIGKILLed); ``acked[wid]``: the rows returned ``add`` calls acknowledged."""
     seq = 0
-    while not stop.is_set():
+    while not stop.value:
         s = np.arange(seq, seq + CHUNK, dtype=np.int64)
         w = np.full(CHUNK, wid, np.int64)
         handle.add({"wid": w, "seq": s, "payload": payload_of(w, s)})
@@ -168,7 +168,8 @@ def soak(target: str, minutes: float, writers: int, capacity: int, hang_seconds:
     dog = Watchdog(hang_seconds, report)
     path = Path(tempfile.mkdtemp(prefix=f"soak-{target}-", dir=root))
     ctx = mp.get_context("spawn")
-    stop = ctx.Event()
+    # Lock-free flags: a writer SIGKILLed while holding a multiprocessing lock (an Event's) would hang the learner.
+    stop = ctx.RawValue("b", 0)
     acked = ctx.Array("q", MAX_WRITERS, lock=False)
     warm = ctx.Process(target=time.sleep, args=(0,))  # starts multiprocessing's helper process and its pipes
     warm.start()
@@ -230,7 +231,7 @@ def soak(target: str, minutes: float, writers: int, capacity: int, hang_seconds:
                 if code != 0:
                     report.crashes += 1
                     report.notes.append(f"fork child exited {code}")
-    stop.set()
+    stop.value = 1
     for p in procs:
         p.join(timeout=30)
         if p.is_alive():
