@@ -28,8 +28,8 @@ ENGINE_ENTRIES = ["add", "sample", "update_priorities", "state_dict", "load_stat
 ENTRIES = {
     "engine": ENGINE_ENTRIES,
     "relaxed": ENGINE_ENTRIES,
-    "sb3": ["add", "sample", "update_priorities", "reset"],
-    "tianshou": ["add", "sample", "update_weight"],
+    "sb3": ["add", "sample", "update_priorities", "update_priorities_tensor", "reset"],
+    "tianshou": ["add", "sample", "update_weight", "update_weight_tensor"],
 }
 
 # Run as `python -c _DRIVER KIND FORKS ENTRY...`; prints {entry: [status, log tail]} as JSON.
@@ -96,8 +96,11 @@ def build():
         for _ in range(8):
             add()
         idx, td = buf.sample(N).indices, np.ones(N)
+        import torch
+
+        td_tensor = torch.ones(N)  # torch's conversions, too, must not run on a daemon thread at exit
         calls = {"add": add, "sample": lambda: buf.sample(N), "update_priorities": lambda: buf.update_priorities(idx, td),
-                 "reset": buf.reset}
+                 "update_priorities_tensor": lambda: buf.update_priorities(idx, td_tensor), "reset": buf.reset}
 
         def use():
             add()
@@ -116,7 +119,11 @@ def build():
     for _ in range(N // envs):
         add()
     idx, weights = buf.sample(N)[1], np.ones(N)
-    calls = {"add": add, "sample": lambda: buf.sample(N), "update_weight": lambda: buf.update_weight(idx, weights)}
+    import torch
+
+    td_tensor = torch.ones(N)
+    calls = {"add": add, "sample": lambda: buf.sample(N), "update_weight": lambda: buf.update_weight(idx, weights),
+             "update_weight_tensor": lambda: buf.update_weight(idx, td_tensor)}
 
     def use():
         add()

@@ -588,25 +588,29 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             IndexError: an index outside the filled part of the buffer.
             Nothing changes on error.
         """
-        td: np.ndarray | th.Tensor
-        if self._device_batches:
-            td = th.as_tensor(td_errors).detach().reshape(-1).abs()
-            indices = th.as_tensor(indices)
-        else:
-            if isinstance(td_errors, th.Tensor):
-                td_errors = td_errors.detach().reshape(-1).cpu().numpy()
-            td = np.asarray(td_errors).reshape(-1)
-            if td.dtype.kind not in "biuf":
-                raise TypeError(f"update_priorities: td_errors must be numbers, got dtype {td.dtype}")
-            td = np.abs(td)
-            indices = np.asarray(indices)
-        if indices.ndim != 1:
-            raise ValueError(
-                f"update_priorities: indices must be 1-D (the indices of a sample), got shape {tuple(indices.shape)}"
-            )
-        if indices.shape != td.shape:
-            raise ValueError(f"update_priorities: {indices.shape[0]} indices but {td.shape[0]} TD errors")
+        # Under the lock, torch's conversions too: the exit handler waits for buffer locks (torch aborts at exit).
         with self._lock:
+            td: np.ndarray | th.Tensor
+            if self._device_batches:
+                td = th.as_tensor(td_errors).detach().reshape(-1).abs()
+                indices = th.as_tensor(indices)
+            else:
+                # No local may keep a tensor-backed array past the lock: freeing a tensor releases the GIL, which
+                # at interpreter exit ends this (daemon) thread mid C++ frame (std::terminate).
+                if isinstance(td_errors, th.Tensor):
+                    td = td_errors.detach().reshape(-1).cpu().numpy().copy()
+                else:
+                    td = np.asarray(td_errors).reshape(-1)
+                if td.dtype.kind not in "biuf":
+                    raise TypeError(f"update_priorities: td_errors must be numbers, got dtype {td.dtype}")
+                td = np.abs(td)
+                indices = np.asarray(indices)
+            if indices.ndim != 1:
+                raise ValueError(
+                    f"update_priorities: indices must be 1-D (the indices of a sample), got shape {tuple(indices.shape)}"
+                )
+            if indices.shape != td.shape:
+                raise ValueError(f"update_priorities: {indices.shape[0]} indices but {td.shape[0]} TD errors")
             self._commit()
             if self.optimize_memory_usage and self.full:
                 # Transitions overwritten since they were sampled keep priority 0 (see add).

@@ -574,8 +574,8 @@ class _TreePriorities:
                 number of TD errors other than the number of indices.
             IndexError: an index that holds no stored transition.
         """
-        idx, td = self._update_inputs(index, new_weight)
-        with self._lock:
+        with self._lock:  # torch's conversions too: the exit handler waits for this lock (torch aborts at exit)
+            idx, td = self._update_inputs(index, new_weight)
             self.priorities.update(idx, td, filled_only=True)
 
     # -- late updates (PEROffPolicyWrapper with staleness >= 1) ---------------------------
@@ -595,8 +595,8 @@ class _TreePriorities:
         """:meth:`update_weight` for a batch sampled at write ``epoch``; entries whose slot was
         rewritten since are skipped. Returns how many were skipped. Errors as :meth:`update_weight`,
         except that a position in an error message counts the entries not skipped."""
-        idx, td = self._update_inputs(index, new_weight)
         with self._lock:
+            idx, td = self._update_inputs(index, new_weight)
             return self.priorities.update_since(idx, td, epoch, filled_only=True)[0]
 
     def __getitem__(self, index: IndexType) -> PrioBatchProtocol:
