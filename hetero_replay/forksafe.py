@@ -16,6 +16,12 @@ never the reverse; a relaxed pipeline (order 1) sits between them.
 At interpreter exit the exiting thread takes them all the same way and keeps
 them: daemon threads are then not inside the library when the interpreter
 finalizes (one that is, ended mid native call, would crash the process).
+That wait is bounded (:data:`EXIT_WAIT_SECONDS`): a thread that holds a lock
+for good (blocked in a user callback, a write to a full pipe) must not hang
+exit. Exit then goes on without the locks still held; the exiting thread's
+later calls that need one raise ``RuntimeError`` instead of waiting, and a
+daemon thread still inside the library when the interpreter finalizes is the
+documented risk (it may crash the process at exit, after every exit handler ran).
 A lock-holding thread may create locks (a buffer built inside another's
 ``load_state_dict``): the fork handler never waits for a lock while holding
 the registry that creation needs.
@@ -44,6 +50,9 @@ _live: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()
 _registry_lock = threading.Lock()
 _held: list[ForkSafeLock] = []
 _created = itertools.count()
+#: At interpreter exit, how long the exiting thread waits for other threads to leave the library's
+#: locks before exit goes on without the locks still held (see the module docstring).
+EXIT_WAIT_SECONDS = 5.0
 
 
 class ForkSafeLock:
@@ -63,13 +72,24 @@ class ForkSafeLock:
             _live.add(self)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return self._lock.acquire(blocking, timeout)
+        if self._lock.acquire(False):
+            return True
+        if not blocking:
+            return False
+        if _exit_holder == threading.get_ident():
+            _acquire_at_exit(self._lock)
+            return True
+        return self._lock.acquire(True, timeout)
 
     def release(self) -> None:
         self._lock.release()
 
     def __enter__(self) -> ForkSafeLock:
-        self._lock.acquire()
+        if not self._lock.acquire(False):  # the common case costs one acquire, as a plain RLock's
+            if _exit_holder == threading.get_ident():
+                _acquire_at_exit(self._lock)
+            else:
+                self._lock.acquire()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -98,7 +118,24 @@ def holding(*locks: ForkSafeLock) -> Iterator[None]:
         yield
 
 
+def _acquire_at_exit(lock: Any) -> None:
+    """The exiting thread waits for a lock only until the exit's deadline: ``RuntimeError`` after it."""
+    if not lock.acquire(True, max(_exit_deadline - time.monotonic(), 0.0)):
+        raise RuntimeError(
+            "the interpreter is exiting and another thread has held a buffer's lock for more than "
+            f"EXIT_WAIT_SECONDS ({EXIT_WAIT_SECONDS} s): not waiting for it"
+        )
+
+
 def _before_fork() -> None:
+    _take_all(None)
+
+
+def _take_all(deadline: float | None) -> None:
+    """Take every live lock in order into ``_held`` and keep the registry lock (see ``_before_fork``).
+
+    With a ``deadline`` (``time.monotonic``), a lock not taken by then is left out.
+    """
     # Never wait for a lock while holding the registry lock: a thread that holds a ForkSafeLock may be
     # creating another (a buffer built inside load_state_dict or reset), and it needs the registry lock for
     # that. So take the live locks in order without it, then, under it, the ones created meanwhile — only
@@ -106,15 +143,15 @@ def _before_fork() -> None:
     # The registry lock stays held until after the fork: no lock is created (and taken) unseen.
     while True:
         with _registry_lock:
-            taken = sorted(_live, key=_order)
-        for lock in taken:
-            lock._lock.acquire()
+            live = sorted(_live, key=_order)
+        taken = [lock for lock in live if _acquire_by(lock, deadline)]
         _registry_lock.acquire()
-        late = sorted(set(_live).difference(taken), key=_order)
+        late = sorted(set(_live).difference(live), key=_order)
         for lock in late:
-            if not lock._lock.acquire(blocking=False):
+            if lock._lock.acquire(blocking=False):
+                taken.append(lock)
+            elif deadline is None or time.monotonic() < deadline:
                 break
-            taken.append(lock)
         else:
             _held[:] = taken
             return
@@ -122,6 +159,12 @@ def _before_fork() -> None:
         for lock in reversed(taken):
             lock._lock.release()
         time.sleep(0.001)  # the late lock's holder is running: let it finish
+
+
+def _acquire_by(lock: ForkSafeLock, deadline: float | None) -> bool:
+    if deadline is None:
+        return lock._lock.acquire()
+    return lock._lock.acquire(True, max(deadline - time.monotonic(), 0.0))
 
 
 def _order(lock: ForkSafeLock) -> tuple[int, int]:
@@ -153,18 +196,21 @@ def _hold_at_exit() -> None:
     # it next takes the GIL back, and its C++ frames are unwound without the GIL (a crash) — or, before
     # ReleasedGil, std::terminate. So at exit, as before a fork, wait for the calls in flight and let none
     # start: this thread keeps every lock (re-entrant, so later exit handlers here still use the buffers).
-    global _exit_holder
-    _before_fork()
+    # A lock still held after EXIT_WAIT_SECONDS is left to its holder: exit must not hang on it.
+    global _exit_holder, _exit_deadline
+    _exit_deadline = time.monotonic() + EXIT_WAIT_SECONDS
+    _take_all(_exit_deadline)
     _held.clear()
     _registry_lock.release()  # locks made by later exit handlers are theirs
     _exit_holder = threading.get_ident()
 
 
 _exit_holder: int | None = None
+_exit_deadline = 0.0  # time.monotonic() when the exiting thread stops waiting for locks
 
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 atexit.register(_hold_at_exit)
 
 
-__all__ = ["INNER", "OUTER", "PIPELINE", "ForkSafeLock", "holding", "holding_for_exit"]
+__all__ = ["EXIT_WAIT_SECONDS", "INNER", "OUTER", "PIPELINE", "ForkSafeLock", "holding", "holding_for_exit"]

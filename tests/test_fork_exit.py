@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -355,3 +356,56 @@ def test_a_fork_while_a_thread_holding_a_lock_creates_one_returns() -> None:
     # In a subprocess: before the fix, fork never returned (a lock-order inversion with the registry lock).
     proc = subprocess.run([sys.executable, "-c", _FORK_WHILE_CREATING], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# -- a lock held for good does not hang exit ----------------------------------------------------
+
+_EXIT_WHILE_A_LOCK_IS_HELD = r"""
+import atexit, os, sys, threading, time
+import numpy as np
+
+late = []  # an exit handler that runs after the library's (registered before it): it uses the buffer
+atexit.register(lambda: late.append(_use()) or print("late", late[0], flush=True))
+
+from hetero_replay import PrioritizedReplay, forksafe
+
+forksafe.EXIT_WAIT_SECONDS = float(sys.argv[1])
+buf = PrioritizedReplay(64, {"obs": ((4,), "float32")}, seed=0)
+buf.add({"obs": np.ones((64, 4), np.float32)})
+
+
+def _use():
+    try:
+        buf.sample(4)
+        return "sampled"
+    except RuntimeError as e:
+        return "refused: " + str(e)
+
+
+def stuck():  # a writer under the buffer's lock, blocked for good on a pipe nobody reads
+    _, w = os.pipe()
+    with buf._lock:
+        entered.set()
+        os.write(w, b"x" * (1 << 22))
+
+
+entered = threading.Event()
+threading.Thread(target=stuck, daemon=True).start()
+entered.wait()
+print("exiting", time.monotonic(), flush=True)
+sys.exit(0)
+"""
+
+
+def test_exit_waits_for_a_lock_held_for_good_only_exit_wait_seconds() -> None:
+    # Before the bound, the exit handler waited for that lock forever: the process never exited.
+    wait = 1.0
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_WHILE_A_LOCK_IS_HELD, str(wait)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("exiting")
+    # The handler that ran after the library's got an error at once, not a wait of its own.
+    assert lines[1].startswith("late refused:") and "EXIT_WAIT_SECONDS" in lines[1], proc.stdout
+    assert time.monotonic() >= float(lines[0].split()[1]) + wait  # it did wait the bound
