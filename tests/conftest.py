@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,3 +157,17 @@ def no_leaked_segments() -> Iterator[None]:
     after = set(shm.glob("hetero-replay-*.ring")) if shm.is_dir() else set()
     leaked = sorted(str(p) for p in after - before)
     assert not leaked, f"segments left in /dev/shm: {leaked}"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 1 MiB file system that fills up (a tmpfs: root only)."""
+    mount = tmp_path / "small"
+    mount.mkdir(mode=0o700)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -440,3 +440,27 @@ def test_close_tells_writers_even_when_the_last_durable_point_fails(disk_store):
             writer.add(rows_with_ids([2]))
     finally:
         (disk_store.path / STATE_FILE).rmdir()
+
+
+def test_check_options_is_the_storages_own_rule(tmp_path):
+    """The side-effect-free option check covers every keyword of DiskStorage, and DiskStorage applies it."""
+    import inspect
+
+    from hetero_replay.storage.disk import MAX_READ_THREADS, DiskStorage, check_options
+
+    keywords = set(inspect.signature(DiskStorage).parameters) - {"capacity", "schema"}
+    every = {"path": "p", "ram_bytes": 0, "read_threads": 1, "flush_every": 1, "flush_seconds": 1.0}
+    every |= {"reopen": False, "abandon_after": 1.0}
+    assert set(check_options(every)) == keywords  # every keyword taken, none left out
+    assert check_options({"path": "rel", "reopen": np.bool_(True)}) == {"path": Path.cwd() / "rel", "reopen": True}
+    # A value the old per-argument checks let through: too many read threads (each an OS thread).
+    for options in ({"read_threads": MAX_READ_THREADS + 1}, {"abandon_after": -1.0}):
+        with pytest.raises(ValueError, match=f"storage_options {next(iter(options))}"):
+            check_options(options)
+        with pytest.raises(ValueError, match=f"storage_options {next(iter(options))}"):
+            PrioritizedReplay(
+                8, {"x": ((), np.float32)}, storage="disk", storage_options={"path": tmp_path / "b", **options}
+            )
+        assert not (tmp_path / "b").exists()
+    with pytest.raises(TypeError, match="ram_byte"):
+        check_options({"ram_byte": 1})

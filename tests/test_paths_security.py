@@ -407,20 +407,6 @@ def test_full_disk_when_flushing_keeps_the_last_durable_point(tmp_path):
     assert {p.name for p in (tmp_path / "buf").iterdir()} == {CONTROL_FILE, ROW_FILE, STATE_FILE, LOCK_FILE}
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A real 1 MiB file system that fills up (a tmpfs: root only)."""
-    mount = tmp_path / "small"
-    mount.mkdir(mode=0o700)
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root to mount a small tmpfs")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 _SMALL_SHM = """
 import sys
 import numpy as np

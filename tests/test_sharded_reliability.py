@@ -46,13 +46,35 @@ def test_a_typo_in_disk_storage_options_is_a_type_error_before_any_shard_starts(
     assert os.listdir(tmp_path) == []
 
 
-def test_a_shard_that_fails_to_start_is_reported_at_once_and_none_is_left_running(tmp_path) -> None:
-    name = unique("nostart")
-    # A well-named option with a value the disk storage refuses: the shards' constructors raise.
-    with pytest.raises(cluster.ShardLostError, match="failed to start.*read_threads"):
+@pytest.mark.parametrize(
+    ("option", "value", "error"),
+    [
+        ("abandon_after", -1, ValueError),
+        ("abandon_after", float("nan"), ValueError),
+        ("read_threads", 0, ValueError),
+        ("ram_bytes", "x", TypeError),
+        ("ram_bytes", True, TypeError),
+    ],
+)
+def test_a_bad_disk_storage_option_value_is_refused_at_once_before_any_shard_starts(
+    tmp_path, option, value, error
+) -> None:
+    # Before, the learner checked names only: the shards' constructors raised, reported as ShardLostError.
+    name = unique("badvalue")
+    durable = tmp_path / "durable"
+    with pytest.raises(error, match=f"storage_options {option}"):
         ShardedReplay(
-            2, 64, SCHEMA, storage="disk", durable_dir=str(tmp_path), storage_options={"read_threads": 0}, name=name
+            2, 64, SCHEMA, storage="disk", durable_dir=str(durable), storage_options={option: value}, name=name
         )
+    assert cluster.running_shards(name) == []
+    assert not durable.exists()
+
+
+def test_a_shard_that_fails_to_start_is_reported_at_once_and_none_is_left_running(small_tmpfs) -> None:
+    name = unique("nostart")
+    # A real full disk: each shard's ring control block (8 bytes a slot) does not fit in 1 MiB.
+    with pytest.raises(cluster.ShardLostError, match="failed to start"):
+        ShardedReplay(2, 1 << 18, SCHEMA, storage="disk", durable_dir=str(small_tmpfs / "durable"), name=name)
     assert cluster.running_shards(name) == []
 
 

@@ -31,7 +31,6 @@ are lost: that is the loss window.
 
 from __future__ import annotations
 
-import inspect
 import os
 import secrets
 from collections.abc import Mapping
@@ -44,7 +43,8 @@ from hetero_replay.options import PEROptions
 from hetero_replay.replay import PrioritizedReplay
 from hetero_replay.storage import DISK, HOST, Schema
 from hetero_replay.storage.base import check_host_batch
-from hetero_replay.storage.disk import CONTROL_FILE, DiskStorage
+from hetero_replay.storage.disk import CONTROL_FILE
+from hetero_replay.storage.disk import check_options as check_disk_options
 from hetero_replay.storage.durable import FlushSchedule
 
 #: Storages a shard can hold. A Ray actor's rows arrive through Ray, so a
@@ -108,8 +108,9 @@ _SHARD_SETS = {
 
 
 def check_storage_options(storage: str, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The shards' ``storage_options``, checked on the learner: a name the storage does not take is
-    refused here (``TypeError``, as a call with it would be), not in the shards after they started."""
+    """The shards' ``storage_options``, checked on the learner by the storage's own rule
+    (:func:`hetero_replay.storage.disk.check_options`): a name the storage does not take or a value it
+    refuses is an error here, as a call with it would be, not in the shards after they started."""
     if options is None:
         return None
     if not isinstance(options, Mapping):
@@ -121,13 +122,7 @@ def check_storage_options(storage: str, options: Mapping[str, Any] | None) -> di
             raise ValueError(
                 f"storage_options {key!r} is set by the shards themselves: pass ShardedReplay({_SHARD_SETS[key]}=...)"
             )
-    taken = inspect.signature(DiskStorage).parameters
-    unknown = sorted(str(k) for k in options if k not in taken or k in ("capacity", "schema"))
-    if unknown:
-        raise TypeError(
-            f"storage_options got unexpected keyword argument(s) {unknown} for storage={storage!r} shards; "
-            f"it takes {sorted(k for k in taken if k not in ('capacity', 'schema', *_SHARD_SETS))}"
-        )
+    check_disk_options(options)
     return dict(options)
 
 

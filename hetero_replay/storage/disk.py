@@ -48,7 +48,7 @@ import stat
 import threading
 import warnings
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,14 @@ from hetero_replay import _native
 from hetero_replay.checks import check_bool, check_int
 from hetero_replay.storage import checkpoint
 from hetero_replay.storage.base import check_host_batch
-from hetero_replay.storage.durable import DURABLE, FlushSchedule, check_path, read_point
+from hetero_replay.storage.durable import (
+    DURABLE,
+    FlushSchedule,
+    check_flush_every,
+    check_flush_seconds,
+    check_path,
+    read_point,
+)
 from hetero_replay.storage.files import (
     BufferInUseError,
     OwnerLock,
@@ -80,8 +87,42 @@ from hetero_replay.storage.ring import (
 from hetero_replay.storage.schema import Schema
 
 CONTROL_FILE, ROW_FILE, STATE_FILE = "ring.ctl", "rows.dat", "state.hrp"
+#: The most threads a batch is read with (``read_threads``): each is an OS thread of the native pool.
+MAX_READ_THREADS = 1024
 #: Between durable points, dirty rows are sent to the disk this often (see :func:`_start_writeback`).
 WRITEBACK_SECONDS = 0.5
+
+
+#: Each keyword option of :class:`DiskStorage` and its check: the one rule, applied by the storage
+#: and by ``ShardedReplay`` on the learner before any shard starts (:func:`check_options`).
+_OPTION_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "path": lambda value: check_path(value, "storage_options path"),
+    "ram_bytes": lambda value: check_int(value, "storage_options ram_bytes", low=0),
+    "read_threads": lambda value: check_int(value, "storage_options read_threads", low=1, high=MAX_READ_THREADS),
+    "flush_every": check_flush_every,
+    "flush_seconds": check_flush_seconds,
+    "reopen": lambda value: check_bool(value, "storage_options reopen"),
+    "abandon_after": check_abandon_after,
+}
+
+
+def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The disk storage's keyword options, each checked and made what the storage keeps, touching no file.
+
+    ``options`` may hold any subset of :class:`DiskStorage`'s keyword arguments
+    (those after ``capacity`` and ``schema``).
+
+    Raises:
+        TypeError: a name the storage does not take, or a value of the wrong type (naming it).
+        ValueError: a value out of range (naming it).
+    """
+    unknown = sorted(str(k) for k in options if k not in _OPTION_CHECKS)
+    if unknown:
+        raise TypeError(
+            f"storage_options got unexpected keyword argument(s) {unknown} for storage='disk'; "
+            f"it takes {sorted(_OPTION_CHECKS)}"
+        )
+    return {name: _OPTION_CHECKS[name](value) for name, value in options.items()}
 
 
 class RecordFormat:
@@ -251,13 +292,13 @@ class DiskStorage(RingOwner):
         reopen: bool = False,
         abandon_after: float = 5.0,
     ) -> None:
-        path = check_path(path, "storage_options path")
-        check_int(ram_bytes, "storage_options ram_bytes", low=0)
-        check_int(read_threads, "storage_options read_threads", low=1)
+        o = check_options({
+            "path": path, "ram_bytes": ram_bytes, "read_threads": read_threads, "flush_every": flush_every,
+            "flush_seconds": flush_seconds, "reopen": reopen, "abandon_after": abandon_after,
+        })  # fmt: skip
+        path, read_threads, reopen, abandon_after = o["path"], o["read_threads"], o["reopen"], o["abandon_after"]
         #: When durable points are due; it counts the tickets the learner has polled.
-        self.schedule = FlushSchedule(flush_every, flush_seconds)
-        check_bool(reopen, "storage_options reopen")
-        abandon_after = check_abandon_after(abandon_after)
+        self.schedule = FlushSchedule(o["flush_every"], o["flush_seconds"])
         self.schema = schema if isinstance(schema, Schema) else Schema(schema)
         self.capacity = int(capacity)
         self.path = path
@@ -669,6 +710,8 @@ __all__ = [
     "DiskRows",
     "BufferInUseError",
     "DiskStorage",
+    "MAX_READ_THREADS",
     "RecordFormat",
+    "check_options",
     "last_durable_header",
 ]
