@@ -63,7 +63,8 @@ $(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*.cpp csrc/hetero_replay
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of torch first: a bare `torch` requirement pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev,bench]"
+	# -Werror in dev and CI builds (a user's plain `pip install .` builds without it).
+	$(BIN)/python -m pip install -q -C cmake.define.HETERO_REPLAY_WERROR=ON -e ".[dev,bench]"
 	touch $@
 
 # pynq pinned exactly (the fake board follows its 4.0 internals); pip's resolver keeps numpy<2 for it.

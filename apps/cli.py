@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 import hetero_replay
+from hetero_replay.extend import install_hint
 
 Command = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, tuple[Command, Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -48,7 +49,7 @@ def _ray_status() -> str:
     try:
         return f"usable, ray {metadata.version('ray')}"
     except metadata.PackageNotFoundError:
-        return "not usable: needs Ray; pip install hetero-replay[ray]"
+        return f"not usable: needs Ray; {install_hint('ray')}"
 
 
 def _advise_arguments(p: argparse.ArgumentParser) -> None:

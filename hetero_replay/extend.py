@@ -20,6 +20,7 @@ nothing of the core but :mod:`hetero_replay` and this module
 * the advisor's pieces a host library's workload implements or calls
   (``Candidate``, ``ReplayConfig``, ``WorkloadSpec``, the timers, ``advise``,
   ``AutoPlacement``);
+* ``install_hint``: how a user installs an extra, for "needs X" messages;
 * ``same_device``, ``Normalise`` and ``PLAIN_KINDS``: the device comparison,
   the IS-weight normalisations and the dtype kinds a schema stores as is.
 """
@@ -33,6 +34,7 @@ from hetero_replay.options import check_beta
 from hetero_replay.pipeline import AUTO_WINDOW
 from hetero_replay.placement import HOST, one_policy_placement
 from hetero_replay.priorities import Normalise
+from hetero_replay.registry import install_hint
 from hetero_replay.schedule import PendingUpdate, Schedule
 from hetero_replay.storage.durable import DURABLE, DurableFile, FlushSchedule, check_path, read_point
 from hetero_replay.storage.schema import PLAIN_KINDS
@@ -69,6 +71,7 @@ __all__ = [
     "check_seed",
     "check_staleness",
     "holding",
+    "install_hint",
     "is_int",
     "is_real",
     "one_policy_placement",

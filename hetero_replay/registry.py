@@ -60,6 +60,15 @@ _EMULATED_DEVICE = re.compile(r"[a-z][a-z0-9_]*:[a-z][a-z0-9_]*")  # a named emu
 _KNOWN_TORCH = re.compile(r"cpu|cuda(?::\d+)?")  # torch devices recognised without importing torch
 
 
+def install_hint(extra: str) -> str:
+    """How a user installs hetero-replay's extra ``extra``; every "needs X" message ends with it, once.
+
+    hetero-replay is installed from its source, not from PyPI, so ``pip install 'hetero-replay[ray]'``
+    would fail: the extras are installed from a checkout, ``pip install '.[ray]'``.
+    """
+    return f"pip install '.[{extra}]' in a hetero-replay source checkout (the '{extra}' extra)"
+
+
 class BackendUnavailableError(ImportError):
     """A registered backend or storage cannot run on this machine; the message says why and what to install."""
 
@@ -79,7 +88,7 @@ class _Spec:
     #: ``check()``: ``None`` when usable here, else a one-line reason (or it raises an ImportError).
     #: Without a check, always usable.
     check: Check | None = None
-    #: The hetero-replay extra that makes it usable (``"cuda"``: ``pip install hetero-replay[cuda]``).
+    #: The hetero-replay extra that makes it usable (``"cuda"``: :func:`~hetero_replay.registry.install_hint`).
     extra: str | None = None
     #: One line for ``hetero-replay info`` and the docs.
     description: str = ""
@@ -88,8 +97,8 @@ class _Spec:
 
     @property
     def install_hint(self) -> str:
-        """``"pip install hetero-replay[<extra>]"``, or ``""`` without an extra."""
-        return f"pip install hetero-replay[{self.extra}]" if self.extra else ""
+        """How to install :attr:`extra` (:func:`~hetero_replay.registry.install_hint`), or ``""`` without one."""
+        return install_hint(self.extra) if self.extra else ""
 
     def runs_on(self, device: Any) -> bool:
         """Whether ``device`` (a name such as ``"cuda:1"``, or a ``torch.device``) is one of :attr:`devices`."""
@@ -448,7 +457,7 @@ def usable(name: str, kind: Literal["backend", "storage"] = "backend") -> tuple[
     """``(True, "")`` if the backend (or storage) ``name`` runs here, else ``(False, reason)``.
 
     The reason ends with the install hint, e.g. ``"CuPy is not installed
-    (pip install hetero-replay[cuda])"``. Unknown names raise ``ValueError``.
+    (pip install '.[cuda]' ...)"``. Unknown names raise ``ValueError``.
     """
     spec: _Spec = backend_spec(name) if kind == "backend" else storage_spec(name)
     reason = spec.why_unusable()

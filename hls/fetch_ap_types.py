@@ -1,34 +1,40 @@
-"""Fetch the Xilinx arbitrary-precision headers (ap_int.h, hls_stream.h, ...) into a build directory.
+"""Put the Xilinx arbitrary-precision headers (ap_int.h, hls_stream.h, ...) into a build directory.
 
 The RMM's HLS source (hls/src/) compiles with g++ against these headers, for the
 C-simulation test bench (hls/tb/) and the emulation module hetero_replay._rmm_emu.
-They are Apache-2.0 and ship inside the PyPI wheel of hls4ml, under
-``hls4ml/templates/vivado/ap_types/``; this script downloads that wheel at a pinned
-version, checks its sha256 and extracts only that folder. The headers are never
-copied into the repository.
+They are Apache-2.0 and ship inside the wheel of hls4ml, under
+``hls4ml/templates/vivado/ap_types/``; this script copies only that folder out of
+hls4ml 1.3.0 (pinned). The headers are never copied into the repository.
 
     python hls/fetch_ap_types.py DEST
 
 DEST receives the folder's contents (ap_int.h at DEST/ap_int.h) and a marker file;
-a later run with the marker present does nothing. The wheel comes from
-``python -m pip download`` when pip is importable, else (e.g. inside
-scikit-build-core's isolated build environment) straight from PyPI with urllib;
-HETERO_REPLAY_HLS4ML_WHEEL may name an already downloaded copy of the wheel
-(offline builds). Any failure exits with status 1 and one paragraph on stderr.
+a later run with the marker present does nothing. Where the headers come from, first
+found first:
+
+1. HETERO_REPLAY_HLS4ML_WHEEL: a copy of the wheel (checked against its sha256);
+2. the installed hls4ml 1.3.0: in ``pip install .`` it is a build requirement
+   (pyproject.toml, ``build.requires``), so pip fetched it like any other requirement,
+   from the user's index, mirror or ``--find-links`` wheelhouse, and this script
+   downloads nothing;
+3. ``python -m pip download hls4ml==1.3.0`` (the test bench's run.sh, a build without
+   build isolation): pip's own index, proxy and certificate settings apply.
+
+There is no other route (no direct download that would bypass pip's settings). Any
+failure exits with status 1 and one paragraph on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -37,17 +43,14 @@ VERSION = "1.3.0"
 WHEEL = f"{PACKAGE}-{VERSION}-py3-none-any.whl"
 #: sha256 of the wheel as PyPI lists it (https://pypi.org/pypi/hls4ml/json, release 1.3.0).
 WHEEL_SHA256 = "01bf1de2cd9bca56699b9fe3385cb1735026b022f9580fe1d73faf192dfb90f2"
-WHEEL_URL = (
-    "https://files.pythonhosted.org/packages/8a/0e/8bd7715acf09fc926facee273ef2d0c21caa3e091b9fb20801efbe4bcfc0/"
-    + WHEEL
-)
-PROJECT_JSON = f"https://pypi.org/pypi/{PACKAGE}/json"
 FOLDER = "hls4ml/templates/vivado/ap_types/"
 #: Headers the RMM includes; their absence after extraction means the wheel changed layout.
 REQUIRED = ("ap_int.h", "hls_stream.h")
 MARKER = ".hetero_replay_ap_types"
 WHEEL_ENV = "HETERO_REPLAY_HLS4ML_WHEEL"
-TIMEOUT_S = 120
+TIMEOUT_S = 360
+#: What the marker holds: the pinned release the headers came from.
+SOURCE = f"{PACKAGE}=={VERSION}"
 
 
 class FetchError(Exception):
@@ -74,28 +77,18 @@ def _pip_download(tmp: Path) -> Path:
     return wheel
 
 
-def _urlopen_bytes(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:  # noqa: S310 (https URLs only)
-        return response.read()
-
-
-def _url_download(tmp: Path) -> Path:
-    """The wheel straight from PyPI: its pinned file URL, else the URL the JSON API lists for the release."""
-    wheel = tmp / WHEEL
-    errors = []
-    urls = [WHEEL_URL]
+def _installed_folder() -> Path | None:
+    """The headers' folder inside the installed hls4ml, when it is the pinned release; else ``None``."""
+    spec = importlib.util.find_spec(PACKAGE)  # finds the package without importing it (hls4ml imports numpy, h5py)
+    if spec is None or not spec.submodule_search_locations:
+        return None
     try:
-        release = json.loads(_urlopen_bytes(PROJECT_JSON))["releases"][VERSION]
-        urls += [f["url"] for f in release if f.get("filename") == WHEEL and f["url"] != WHEEL_URL]
-    except Exception as e:  # the pinned URL may still work
-        errors.append(f"{PROJECT_JSON}: {e}")
-    for url in urls:
-        try:
-            wheel.write_bytes(_urlopen_bytes(url))
-            return wheel
-        except Exception as e:
-            errors.append(f"{url}: {e}")
-    raise FetchError("downloading the wheel from PyPI failed (" + "; ".join(errors) + ")")
+        if importlib.metadata.version(PACKAGE) != VERSION:
+            return None
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))).parent / FOLDER
+    return folder if folder.is_dir() else None
 
 
 def _get_wheel(tmp: Path) -> Path:
@@ -104,17 +97,9 @@ def _get_wheel(tmp: Path) -> Path:
         if not Path(local).is_file():
             raise FetchError(f"{WHEEL_ENV}={local} is not a file")
         return Path(local)
-    errors = []
-    if importlib.util.find_spec("pip") is not None:
-        try:
-            return _pip_download(tmp)
-        except (FetchError, OSError, subprocess.SubprocessError) as e:
-            errors.append(str(e))
-    try:
-        return _url_download(tmp)
-    except FetchError as e:
-        errors.append(str(e))
-    raise FetchError("; then ".join(errors))
+    if importlib.util.find_spec("pip") is None:
+        raise FetchError(f"{PACKAGE}=={VERSION} is not installed and pip is not importable to download it")
+    return _pip_download(tmp)
 
 
 def _extract(wheel: Path, staging: Path) -> None:
@@ -136,22 +121,39 @@ def _extract(wheel: Path, staging: Path) -> None:
         raise FetchError(f"{wheel.name}'s {FOLDER} lacks {', '.join(missing)}")
 
 
+def _require_headers(staging: Path, origin: str) -> None:
+    missing = [h for h in REQUIRED if not (staging / h).is_file()]
+    if missing:
+        raise FetchError(f"{origin}'s {FOLDER} lacks {', '.join(missing)}")
+
+
+def _stage(tmp: Path) -> Path:
+    """The headers in ``tmp/ap_types``, from the first source of the module docstring that has them."""
+    staging = tmp / "ap_types"
+    installed = None if os.environ.get(WHEEL_ENV) else _installed_folder()
+    if installed is not None:
+        shutil.copytree(installed, staging, symlinks=False)
+        _require_headers(staging, f"the installed {SOURCE}")
+        return staging
+    wheel = _get_wheel(tmp)
+    digest = _sha256(wheel)
+    if digest != WHEEL_SHA256:
+        raise FetchError(f"{wheel} has sha256 {digest}, expected {WHEEL_SHA256} (a different or corrupted file)")
+    staging.mkdir()
+    _extract(wheel, staging)
+    _require_headers(staging, wheel.name)
+    return staging
+
+
 def fetch(dest: Path) -> bool:
     """Populate ``dest``; ``False`` when it already was (marker present). Raises FetchError."""
     marker = dest / MARKER
-    if marker.is_file() and marker.read_text().strip() == WHEEL_SHA256 and all((dest / h).is_file() for h in REQUIRED):
+    if marker.is_file() and marker.read_text().strip() == SOURCE and all((dest / h).is_file() for h in REQUIRED):
         return False
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ap_types-", dir=dest.parent) as tmp_name:
-        tmp = Path(tmp_name)
-        wheel = _get_wheel(tmp)
-        digest = _sha256(wheel)
-        if digest != WHEEL_SHA256:
-            raise FetchError(f"{wheel} has sha256 {digest}, expected {WHEEL_SHA256} (a different or corrupted file)")
-        staging = tmp / "ap_types"
-        staging.mkdir()
-        _extract(wheel, staging)
-        (staging / MARKER).write_text(WHEEL_SHA256 + "\n")
+        staging = _stage(Path(tmp_name))
+        (staging / MARKER).write_text(SOURCE + "\n")
         # Replace DEST in one rename, so an interrupted run never leaves a half folder behind a marker.
         if dest.exists():
             shutil.rmtree(dest)
@@ -169,16 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     except (FetchError, OSError, zipfile.BadZipFile) as e:
         print(
             f"fetch_ap_types: could not get the Xilinx arbitrary-precision headers (ap_int.h, hls_stream.h) that the "
-            f"FPGA emulation and its C-simulation test bench compile against: {e}. They come from the wheel "
-            f"{WHEEL} on PyPI, fetched at build time. To fix: give this machine access to PyPI (set HTTPS_PROXY / "
-            f"pip's index-url if you are behind a proxy or mirror), or download that wheel elsewhere and point "
-            f"{WHEEL_ENV} at it; or build without the emulation: pip install with "
-            f'CMAKE_ARGS="-DHETERO_REPLAY_FPGA_EMU=OFF" (cmake: -DHETERO_REPLAY_FPGA_EMU=OFF), which leaves out '
-            f"hetero_replay._rmm_emu and the tree backend 'fpga' on device 'fpga:emu'.",
+            f"FPGA emulation and its C-simulation test bench compile against: {e}. They come from {SOURCE}, a build "
+            f"requirement that pip installs from your index like any other. To fix: make {SOURCE} available to pip "
+            f"(your index or mirror, or a wheelhouse: pip download hls4ml==1.3.0 --no-deps -d wheels, then "
+            f"pip install --find-links wheels .), or point {WHEEL_ENV} at a copy of {WHEEL}; or build without the "
+            f"emulation: HETERO_REPLAY_FPGA_EMU=OFF pip install . (cmake: -DHETERO_REPLAY_FPGA_EMU=OFF), which "
+            f"leaves out hetero_replay._rmm_emu and the tree backend 'fpga' on device 'fpga:emu'.",
             file=sys.stderr,
         )
         return 1
-    print(f"fetch_ap_types: {'extracted' if fetched else 'already present:'} {FOLDER} of {WHEEL} -> {args.dest}")
+    print(f"fetch_ap_types: {'copied' if fetched else 'already present:'} {FOLDER} of {SOURCE} -> {args.dest}")
     return 0
 
 

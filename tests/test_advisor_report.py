@@ -282,9 +282,9 @@ def test_plot_refuses_empty_rows(tmp_path) -> None:
 def test_plots_name_the_extra_without_matplotlib(tmp_path, monkeypatch) -> None:
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, name, None)  # an import of it raises ImportError
-    with pytest.raises(ImportError, match=r"pip install hetero-replay\[sb3\]"):
+    with pytest.raises(ImportError, match=r"pip install '\.\[sb3\]'"):
         report.plot(three_rows(), "t", tmp_path / "x.png")
-    with pytest.raises(ImportError, match=r"pip install hetero-replay\[sb3\]"):
+    with pytest.raises(ImportError, match=r"pip install '\.\[sb3\]'"):
         report.plot_validation([("c", "m", 1.0, 1.0)], tmp_path / "y.png")
 
 

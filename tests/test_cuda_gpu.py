@@ -22,9 +22,7 @@ try:
 except ImportError:  # torch is optional for the core
     TORCH_CUDA = False
 
-needs_cupy = pytest.mark.skipif(
-    not cuda_available(), reason="needs CuPy and a CUDA device (pip install hetero-replay[cuda])"
-)
+needs_cupy = pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a CUDA device (the 'cuda' extra)")
 needs_torch_cuda = pytest.mark.skipif(not TORCH_CUDA, reason="needs a CUDA build of torch and a CUDA device")
 
 

@@ -148,7 +148,7 @@ def test_fused_sample_rows_equal_separate_sample_and_gather():
 
 def test_missing_cupy_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # as if CuPy were not installed
-    with pytest.raises(CudaUnavailableError, match=r"pip install hetero-replay\[cuda\]"):
+    with pytest.raises(CudaUnavailableError, match=r"pip install '\.\[cuda\]'"):
         make_tree("cupy", 10)
     _cupy_usable.cache_clear()  # backends() asks once; ask again without CuPy
     try:

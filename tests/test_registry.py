@@ -23,7 +23,7 @@ import hetero_replay
 from hetero_replay import registry
 from hetero_replay.apps import cli
 from hetero_replay.placement import DeviceUnavailableError, Placement
-from hetero_replay.registry import ANY_TORCH_DEVICE, BackendUnavailableError
+from hetero_replay.registry import ANY_TORCH_DEVICE, BackendUnavailableError, install_hint
 from hetero_replay.storage import HostStorage, make_storage
 from hetero_replay.trees import SumTree, make_tree
 from hetero_replay.trees.base import check_tree_args
@@ -97,7 +97,7 @@ def test_info_lists_every_backend_and_storage(capsys):
     for name in registry.backends(usable_only=False) + registry.storages(usable_only=False):
         assert name in lines
     if not registry.usable("cupy")[0]:
-        assert "not usable: " in lines["cupy"] and "pip install hetero-replay[cuda]" in lines["cupy"]
+        assert "not usable: " in lines["cupy"] and "pip install '.[cuda]'" in lines["cupy"]
     assert f"threads: {hetero_replay.num_threads()}" in out
     ray_line = next(line for line in out.splitlines() if line.startswith("distributed (ShardedReplay): "))
     assert re.search(r"usable, ray \d|not usable: .*hetero-replay\[ray\]", ray_line)
@@ -157,10 +157,10 @@ def test_unusable_backend_names_its_extra(fresh):
         "card", numpy_tree, devices=("fpgacard",), check=lambda: "no FPGA card found", extra="fpga", auto_rank=0
     )
     assert "card" not in registry.backends() and "card" in registry.backends(usable_only=False)
-    assert registry.usable("card") == (False, "no FPGA card found (pip install hetero-replay[fpga])")
+    assert registry.usable("card") == (False, f"no FPGA card found ({install_hint('fpga')})")
     with pytest.raises(
         BackendUnavailableError,
-        match=r"tree backend 'card' is not usable here: no FPGA card found \(pip install hetero-replay\[fpga\]\)",
+        match=re.escape(f"tree backend 'card' is not usable here: no FPGA card found ({install_hint('fpga')})"),
     ):
         make_tree("card", 10, device="fpgacard")
     assert isinstance(BackendUnavailableError("x"), ImportError)
@@ -183,12 +183,12 @@ def test_a_check_may_raise_its_own_import_error(fresh):
         pass
 
     def check():
-        raise NoDriver("the driver is missing; pip install hetero-replay[drv]")
+        raise NoDriver(f"the driver is missing; {install_hint('drv')}")
 
     registry.register_backend("drv", numpy_tree, devices=("cpu",), check=check, extra="drv")
     with pytest.raises(NoDriver, match="the driver is missing"):
         make_tree("drv", 10)
-    assert registry.usable("drv") == (False, "the driver is missing; pip install hetero-replay[drv]")  # no hint twice
+    assert registry.usable("drv") == (False, f"the driver is missing; {install_hint('drv')}")  # no hint twice
 
 
 def test_a_broken_check_makes_the_backend_unusable_not_the_registry(fresh):
@@ -255,12 +255,12 @@ def test_a_device_placement_storage_takes_its_devices_names(fresh):
 def test_unusable_storage(fresh):
     registry.register_storage("far", host_storage, devices=("cpu",), check=lambda: "no server", extra="remote")
     with pytest.raises(
-        ImportError, match=r"storage 'far' is not usable here: no server \(pip install hetero-replay\[remote\]\)"
+        ImportError, match=re.escape(f"storage 'far' is not usable here: no server ({install_hint('remote')})")
     ):
         make_storage("far", 4, SCHEMA)
     with pytest.raises(DeviceUnavailableError, match="^storage: storage 'far' is not usable here: no server"):
         Placement(storage="far")
-    assert registry.usable("far", kind="storage") == (False, "no server (pip install hetero-replay[remote])")
+    assert registry.usable("far", kind="storage") == (False, f"no server ({install_hint('remote')})")
 
 
 def test_placement_device_names_without_plugins(fresh):

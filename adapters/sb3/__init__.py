@@ -20,10 +20,12 @@ Two ways in:
 ========================================  =======================================
 """
 
+from hetero_replay.extend import install_hint
+
 try:
     import stable_baselines3  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the installation
-    raise ImportError("hetero_replay.adapters.sb3 needs Stable-Baselines3: pip install 'hetero-replay[sb3]'") from e
+    raise ImportError(f"hetero_replay.adapters.sb3 needs Stable-Baselines3: {install_hint('sb3')}") from e
 
 from hetero_replay.adapters.sb3.buffers import (
     DictPrioritizedReplayBuffer,

@@ -22,12 +22,12 @@ Reproducibility: ``random_seed`` seeds the buffer's sampling; also seed torch
 (``torch.manual_seed``) and the envs (``envs.seed(seed)``).
 """
 
+from hetero_replay.extend import install_hint
+
 try:
     import tianshou  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "hetero_replay.adapters.tianshou needs Tianshou; install it with `pip install hetero-replay[tianshou]`"
-    ) from e
+    raise ImportError(f"hetero_replay.adapters.tianshou needs Tianshou: {install_hint('tianshou')}") from e
 
 from hetero_replay.adapters.tianshou.buffers import (
     HeteroPrioritizedReplayBuffer,

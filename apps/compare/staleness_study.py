@@ -21,6 +21,7 @@ import numpy as np
 
 from hetero_replay.apps.compare.base import RunResult
 from hetero_replay.apps.compare.report import auc
+from hetero_replay.extend import install_hint
 
 #: Bootstrap resamples per interval; 2,000 keeps the CI's own noise well below its width.
 BOOTSTRAP_REPS = 2000
@@ -56,13 +57,13 @@ def summarize(results: Sequence[RunResult], seed: int = 0) -> list[StalenessRow]
     """One row per staleness swept (runs without a staleness, e.g. the uniform baseline, are left out).
 
     Raises:
-        ImportError: ``rliable`` is missing (``pip install "hetero-replay[study]"``).
+        ImportError: ``rliable`` is missing (the ``study`` extra).
         ValueError: no run has a staleness.
     """
     try:
         from rliable import library, metrics
     except ImportError as e:
-        raise ImportError('the staleness study needs rliable: pip install "hetero-replay[study]"') from e
+        raise ImportError(f"the staleness study needs rliable: {install_hint('study')}") from e
     swept = sorted({r.spec.staleness for r in results if r.spec.staleness is not None})
     if not swept:
         raise ValueError("no run has a staleness: run compare with --staleness")

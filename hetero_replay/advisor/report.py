@@ -19,7 +19,7 @@ Errors are relative to the measurement: ``(predicted - measured) / measured``;
 the mean absolute percentage error (MAPE) is the mean of its absolute value,
 returned as a fraction (``0.08`` is 8 %).
 
-Plots need matplotlib (``pip install hetero-replay[sb3]``); it is imported only
+Plots need matplotlib (the ``sb3`` extra); it is imported only
 when a plot is drawn, and drawn on a bare Agg canvas, so pyplot's global state
 (backend, open figures) is left alone.
 """
@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hetero_replay.advisor.model import PARTS  # the parts of an env step's time, in display order
+from hetero_replay.registry import install_hint
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -431,7 +432,7 @@ def _figure(width: float, height: float) -> Figure:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise ImportError(f"the advisor's plots need matplotlib: pip install hetero-replay[sb3] ({e})") from e
+        raise ImportError(f"the advisor's plots need matplotlib: {install_hint('sb3')} ({e})") from e
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)  # files only: no display, no pyplot state
     return fig

@@ -21,6 +21,7 @@ import importlib
 from typing import Any, Protocol, runtime_checkable
 
 from hetero_replay.placement import Placement
+from hetero_replay.registry import install_hint
 
 #: Host library -> ``"module:function"`` building its workload (imported only when asked for).
 LIBRARIES: dict[str, str] = {
@@ -229,7 +230,7 @@ def make_workload(lib: str, **kwargs: Any) -> Workload:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ImportError(f"advising for {lib} needs it installed: pip install hetero-replay[{lib}] ({e})") from e
+        raise ImportError(f"advising for {lib} needs it installed: {install_hint(lib)} ({e})") from e
     workload: Workload = getattr(module, function)(**kwargs)
     return workload
 

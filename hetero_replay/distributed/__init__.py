@@ -1,6 +1,6 @@
 """Distributed prioritized replay on Ray: :class:`ShardedReplay`, its writers and its shards.
 
-Needs the ``ray`` extra (``pip install 'hetero-replay[ray]'``); Ray is imported
+Needs the ``ray`` extra (``pip install '.[ray]'`` in a checkout); Ray is imported
 when a sharded replay is built, not when this package is. See
 :mod:`hetero_replay.distributed.sharded` for how sampling stays exact across
 shards, and docs/distributed.md for the guarantees, fault tolerance and numbers.

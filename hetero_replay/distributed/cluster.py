@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, TypeVar
 
+from hetero_replay.registry import install_hint
+
 NAMESPACE = "hetero_replay"
 
 T = TypeVar("T")
@@ -29,7 +31,7 @@ def ray_module() -> Any:
     try:
         import ray
     except ImportError as e:  # pragma: no cover - the message is the point
-        raise ImportError("hetero_replay.distributed needs Ray: pip install 'hetero-replay[ray]' (ray==2.60.0)") from e
+        raise ImportError(f"hetero_replay.distributed needs Ray (ray==2.60.0): {install_hint('ray')}") from e
     return ray
 
 

@@ -4,7 +4,7 @@
 * :mod:`~hetero_replay.fpga.protocol`: the command / response words and the AXI-Lite registers;
 * :mod:`~hetero_replay.fpga.reference`: the quantised NumPy reference of the kernel;
 * :mod:`~hetero_replay.fpga.emulator`: the HLS source compiled with g++ (device ``"fpga:emu"``);
-* :mod:`~hetero_replay.fpga.board`: a PYNQ board (device ``"fpga:0"``; ``pip install hetero-replay[fpga]``);
+* :mod:`~hetero_replay.fpga.board`: a PYNQ board (device ``"fpga:0"``; the ``fpga`` extra);
 * :mod:`~hetero_replay.fpga.cycle_model`: cycles per command, on-chip capacity per part, time per call
   (the advisor's predicted-only FPGA entries).
 

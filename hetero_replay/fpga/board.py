@@ -21,7 +21,7 @@ stream would otherwise dead-lock against a response stream nobody drains), split
 transfers longer than the DMA's length register, and name the channel and its
 status bits when something stalls.
 
-What needs pynq (``pip install hetero-replay[fpga]``; pynq 4.0 pins
+What needs pynq (the ``fpga`` extra; pynq 4.0 pins
 ``numpy<2``, so it lives in an environment of its own) is imported when a port
 is opened, never at import time.
 
@@ -49,6 +49,7 @@ from hetero_replay.checks import check_int, check_real
 from hetero_replay.fpga import protocol as P
 from hetero_replay.fpga.fixed_point import FRAC_BITS
 from hetero_replay.fpga.reference import level_sizes, payload_words
+from hetero_replay.registry import install_hint
 
 #: Environment variable naming the overlay's bitfile (its ``.hwh`` must sit beside it).
 BITFILE_ENV = "HETERO_REPLAY_FPGA_BITFILE"
@@ -56,7 +57,7 @@ BITFILE_ENV = "HETERO_REPLAY_FPGA_BITFILE"
 RMM_IP_ENV = "HETERO_REPLAY_FPGA_RMM_IP"
 DMA_IP_ENV = "HETERO_REPLAY_FPGA_DMA_IP"
 #: How to get pynq.
-INSTALL_HINT = "pip install hetero-replay[fpga]"
+INSTALL_HINT = install_hint("fpga")
 
 # -- AXI DMA registers, direct register mode (PG021) -----------------------------------------------
 
@@ -369,7 +370,7 @@ class BoardRmm:
             :class:`TimeoutError` (naming the channel and its status bits).
 
     Raises:
-        ImportError: pynq is missing (the message says ``pip install hetero-replay[fpga]``).
+        ImportError: pynq is missing (the message says how to install the ``fpga`` extra).
         ValueError: a bad argument, an overlay without the RMM or its DMA,
             a fanout or fraction width that differs from the overlay's, or a
             capacity above its MAX_LEAVES (the message names the part).

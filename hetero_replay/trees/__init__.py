@@ -10,7 +10,7 @@ native    cpu               C++17 K-ary tree, multi-threaded across the batch, G
 numpy     cpu               vectorised NumPy: the readable reference every backend matches
 torch     any torch device  torch tensor ops (usable when torch is installed)
 cupy      cuda              CUDA kernels loaded through CuPy (usable with CuPy and a CUDA
-                            device: ``pip install hetero-replay[cuda]``)
+                            device: the ``cuda`` extra)
 fpga      fpga              the FPGA RMM (``hls/``), fixed-point leaves and exact integer
                             sums: on a PYNQ board (``HETERO_REPLAY_FPGA_BITFILE``), else
                             its bit-exact emulation (device ``"fpga:emu"``)
@@ -28,7 +28,7 @@ import os
 from typing import Any
 
 from hetero_replay import registry
-from hetero_replay.registry import ANY_TORCH_DEVICE, backends, register_backend
+from hetero_replay.registry import ANY_TORCH_DEVICE, backends, install_hint, register_backend
 from hetero_replay.trees.base import FANOUTS, SumTree, check_tree_args
 
 
@@ -63,10 +63,16 @@ def _fpga(capacity: int, fanout: int, dtype: Any, device: Any = None) -> SumTree
 
 
 def _fpga_check() -> str | None:
-    """A board is what makes "fpga" devices present; the emulation (device "fpga:emu") needs none."""
+    """A board is what makes "fpga" devices present; the emulation (device "fpga:emu") needs none, if it was built."""
+    from hetero_replay.fpga.emulator import emulation_unavailable
     from hetero_replay.trees.fpga_tree import BITFILE_ENV
 
     if not os.environ.get(BITFILE_ENV):
+        if emulation_unavailable() is not None:  # a build with HETERO_REPLAY_FPGA_EMU=OFF
+            return (
+                f"no FPGA board ({BITFILE_ENV} is not set), and this installation was built without the "
+                "emulation (device 'fpga:emu'; HETERO_REPLAY_FPGA_EMU=OFF)"
+            )
         return f"no FPGA board ({BITFILE_ENV} is not set); tree='fpga' runs the emulation, device 'fpga:emu'"
     if importlib.util.find_spec("pynq") is None:
         return f"{BITFILE_ENV} is set, but pynq is not installed"
@@ -95,7 +101,7 @@ def _cupy_check() -> None:
     from hetero_replay.trees.cupy_tree import CudaUnavailableError
 
     missing = "CuPy" if importlib.util.find_spec("cupy") is None else "a CUDA device, and CuPy finds none"
-    raise CudaUnavailableError(f"the 'cupy' tree backend needs {missing}; pip install hetero-replay[cuda]")
+    raise CudaUnavailableError(f"the 'cupy' tree backend needs {missing}; {install_hint('cuda')}")
 
 
 register_backend(

@@ -5,7 +5,7 @@ The kernels (``csrc/cuda/*.cu``, shipped inside the package) are thin
 too (``csrc/hetero_replay/batch_items.hpp``, ``descent.hpp``). CuPy compiles
 them with NVRTC the first time a tree of a given value type and fanout is
 built (and caches the result on disk), so users need no ``nvcc``; they need
-CuPy with NVRTC: ``pip install hetero-replay[cuda]``.
+CuPy with NVRTC: the ``cuda`` extra.
 
 Where the kernels run is a :class:`CudaKernels` (a CUDA device, through
 ``cupy.RawModule``) or a :class:`HostKernels` (the CPU: the same per-item code
@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from hetero_replay.registry import install_hint
 from hetero_replay.trees.base import TreeBase, describe_max_leaf
 from hetero_replay.trees.numpy_tree import as_indices, as_priorities, priorities_from_td
 
@@ -63,11 +64,11 @@ _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _STATUS_WORDS = 5  # kStatusWords in batch_items.hpp: bad index, bad value, max raw, total, min
 _BLOCK = 256  # threads per block of the item-wise kernels
 _GATHER_BLOCK = 128  # threads (= rows gathered together) per block of sample_gather
-_EXTRA = "pip install hetero-replay[cuda]"
+_EXTRA = install_hint("cuda")
 
 
 class CudaUnavailableError(ImportError):
-    """CuPy, NVRTC or a CUDA device is missing (``pip install hetero-replay[cuda]``)."""
+    """CuPy, NVRTC or a CUDA device is missing (the ``cuda`` extra)."""
 
 
 def cuda_available() -> bool:

@@ -48,6 +48,7 @@ from hetero_replay.fpga.fixed_point import (
     largest_priority,
     quantize,
 )
+from hetero_replay.registry import install_hint
 from hetero_replay.trees.base import TreeBase, as_1d
 from hetero_replay.trees.numpy_tree import as_indices
 
@@ -106,7 +107,7 @@ def open_port(device: str, capacity: int, fanout: int) -> P.RmmPort:
         from hetero_replay.fpga.board import BoardRmm
     except ImportError as e:
         raise ImportError(
-            f"device {device!r} needs the PYNQ board driver (pip install hetero-replay[fpga] on the board): {e}"
+            f"device {device!r} needs the PYNQ board driver ({install_hint('fpga')}, on the board): {e}"
         ) from e
     return BoardRmm(capacity, fanout, bitfile=bitfile, index=int(device.partition(":")[2]))
 
