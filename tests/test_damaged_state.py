@@ -302,3 +302,44 @@ def test_writer_attaching_to_a_damaged_shared_ring_is_refused(tmp_path):
         writer.close()
     finally:
         buf.close()
+
+
+def test_a_damaged_row_is_never_returned_by_read_rows_state_dict_or_save(tmp_path):
+    """The read paths that return exactly the rows asked for raise ReplayFileError naming the slot, and count it."""
+    buf = PrioritizedReplay(
+        CAPACITY, SMALL_SCHEMA, seed=0, storage="disk", storage_options={"path": str(tmp_path / "buf")}
+    )
+    try:
+        buf.add(rows_with_ids(np.arange(1, CAPACITY), width=4))  # the last slot stays unwritten
+        flip_byte(tmp_path / "buf", 3, buf.storage.format.bytes, 8 + 8 + 2)
+        # A slot never written is no row: read as stored (zeros), no error.
+        assert buf.read_rows("id", [CAPACITY - 1]).tolist() == [0]
+        with pytest.raises(ReplayFileError, match=r"rows\.dat.*slots \[3\].*checksum"):
+            buf.read_rows("obs", [2, 3])
+        np.testing.assert_array_equal(buf.read_rows("id", [2, 4]), [3, 5])  # the others are served
+        with pytest.raises(ReplayFileError, match=r"slots \[3\]"):
+            buf.state_dict()
+        with pytest.raises(ReplayFileError, match=r"slots \[3\]"):
+            buf.save(tmp_path / "saved.hrp")
+        assert not (tmp_path / "saved.hrp").exists()
+        assert buf.storage.damaged_rows == 3
+    finally:
+        buf.close()
+
+
+def test_a_row_damaged_while_closed_is_found_after_reopen_on_every_read_path(tmp_path):
+    path = disk_buffer(tmp_path / "buf", rows=CAPACITY)
+    record = PrioritizedReplay.reopen(path)
+    size = record.storage.format.bytes
+    record.close()
+    flip_byte(path, 5, size, 8 + 8 + 1)
+    buf = PrioritizedReplay.reopen(path)  # the structure is whole: reopen accepts it
+    try:
+        with pytest.warns(RuntimeWarning, match="checksum"):
+            seen = np.concatenate([buf.sample(CAPACITY).indices for _ in range(20)])
+        assert 5 not in seen[-CAPACITY:]
+        assert buf.tree.get(np.array([5]))[0] == 0
+        with pytest.raises(ReplayFileError, match=r"slots \[5\]"):
+            buf.read_rows("id", [5])
+    finally:
+        buf.close()

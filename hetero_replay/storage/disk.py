@@ -20,8 +20,16 @@ Priorities and the tree stay in the learner's RAM.
   (``[ticket+1][row][crc][ticket+1]``): a read is served only if both ends and
   the slot's stamp are the ticket the learner polled, so neither a row being
   rewritten nor one torn by a crash is ever sampled; and only if its checksum
-  holds, so a row whose bytes changed on the disk is not either (it is dropped,
-  counted in :attr:`DiskStorage.damaged_rows` and reported; see :class:`RecordFormat`).
+  holds, so a row whose bytes changed on the disk is not either (see :class:`RecordFormat`).
+* **A damaged row is never returned**, on any read path. Sampling (``sample``,
+  the relaxed pipeline, the shards' ``gather_at``) drops it: its priority
+  becomes 0 until the ring rewrites the slot, it is counted in
+  :attr:`DiskStorage.damaged_rows` and a ``RuntimeWarning`` names its slot.
+  ``read_rows``, ``state_dict`` and ``save`` return exactly the rows asked for,
+  so they cannot drop one: they raise ``ReplayFileError`` naming the slots (and
+  count them). There is no raw ``view`` (it could not check rows). ``reopen``
+  checks the structure, not every row (that would read the whole file): a row
+  damaged while the buffer was closed is found when it is first read, as above.
 * **Reopening trusts nothing it reads**: the control block, the row file and
   the durable point are checked against each other and the ring's bounds before
   anything changes (``ReplayFileError`` naming the damaged part).
@@ -445,7 +453,29 @@ class DiskStorage(RingOwner):
         return records
 
     def gather(self, indices: np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        return self.format.unpack(self._read(np.asarray(indices)), fields)
+        """Rows ``indices`` as stored (``read_rows``, ``state_dict``, ``save``); a damaged one is refused.
+
+        Raises:
+            ReplayFileError: a row read whole fails its checksum (naming its slots): it is counted in
+                :attr:`damaged_rows` and not returned. Slots without a committed row (never written,
+                being rewritten, dropped at ``reopen``: priority 0, never sampled) are returned as stored.
+        """
+        slots = np.asarray(indices, dtype=np.int64)
+        records = self._read(slots)
+        head, tail = self.format.ends(records)
+        # Checked only where the slot's stamp, read after the row, is the row's own at both ends: a
+        # writer marks the stamp before it changes a byte, so such a row was read whole.
+        whole = (head > 0) & (head == tail) & (_native.stamps_at(self.control.stamps, slots) == head)
+        damaged = whole & ~self.format.sound(records)
+        if damaged.any():
+            bad = np.unique(slots[damaged])
+            self.damaged_rows += len(bad)
+            raise checkpoint.ReplayFileError(
+                f"{self.path / ROW_FILE}: rows at slots {bad[:16].tolist()} fail their checksum (changed on the "
+                f"disk): not returned ({self.damaged_rows} damaged rows found so far; a slot is whole again "
+                "once the ring rewrites it)"
+            )
+        return self.format.unpack(records, fields)
 
     def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
         """Overwrite fields of stored rows in place (their tickets unchanged): read, patch, write."""
@@ -463,12 +493,14 @@ class DiskStorage(RingOwner):
             os.pwrite(self.fd, memoryview(records[k]).cast("B"), int(slot) * self.format.bytes)
 
     def export_rows(self, count: int, copy: bool = True) -> dict[str, np.ndarray]:
+        """The first ``count`` slots' rows (``state_dict``, ``save``): ``ReplayFileError`` if one is damaged (:meth:`gather`)."""
         return self.gather(np.arange(count, dtype=np.int64))
 
     def import_rows(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.write(0, arrays)
 
     def view(self, name: str) -> Any:
+        """None: a raw view of the file could not check rows, so there is none (``NotImplementedError``)."""
         raise NotImplementedError(
             "the rows of a 'disk' storage live in a file: read them with read_rows / sample, write with write_rows"
         )
