@@ -311,6 +311,117 @@ def test_tianshou_relative_durable_path_survives_chdir(tmp_path, monkeypatch):
     assert len(HeteroPrioritizedReplayBuffer.reopen(tmp_path / "points.hrp")) == 16
 
 
+# -- directories above a buffer's files -------------------------------------------------------------
+
+
+def _creators(tmp_path: Path):
+    """Every way the library creates files under a user-given path: ``{name: (make(path), argument name)}``."""
+
+    def new_disk(path: Path) -> None:
+        disk(path).close()
+
+    def reopened_disk(path: Path) -> None:
+        PrioritizedReplay.reopen(path).close()
+
+    def shared(path: Path) -> None:
+        PrioritizedReplay(8, SCHEMA, storage="shared", storage_options={"dir": path}).close()
+
+    def save(path: Path) -> None:
+        buf = PrioritizedReplay(8, SCHEMA)
+        buf.add(rows(1, 4))
+        buf.save(path)
+
+    def tianshou(path: Path) -> None:
+        pytest.importorskip("tianshou")
+        from hetero_replay.adapters.tianshou import HeteroPrioritizedReplayBuffer
+
+        HeteroPrioritizedReplayBuffer(32, durable_path=path)
+
+    return {
+        "disk": (new_disk, "storage_options path"),
+        "disk reopen": (reopened_disk, "path"),
+        "shared": (shared, "storage_options dir"),
+        "save": (save, "path"),
+        "tianshou durable_path": (tianshou, "durable_path"),
+    }
+
+
+CREATORS = ["disk", "disk reopen", "shared", "save", "tianshou durable_path"]
+
+
+def _prepared(creator: str, parent: Path) -> Path:
+    """The path ``creator`` is given below ``parent``; what must be there already is made elsewhere and moved in."""
+    target = parent / ("buf.hrp" if creator in ("save", "tianshou durable_path") else "buf")
+    if creator in ("disk reopen", "shared"):
+        made = Path(tempfile.mkdtemp()) / "buf"
+        if creator == "disk reopen":
+            disk(made).close()
+        else:
+            made.mkdir(mode=0o700)
+        os.rename(made, target)
+        os.rmdir(made.parent)
+    return target
+
+
+@pytest.mark.parametrize("creator", CREATORS)
+def test_a_parent_directory_others_may_write_without_the_sticky_bit_is_refused(tmp_path, creator):
+    """Another user who may write to a directory above the buffer's files (not sticky) could rename them
+    away and put a directory or link of theirs in their place: refused, naming that directory, nothing made."""
+    make, name = _creators(tmp_path)[creator]
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o700)
+    target = _prepared(creator, open_dir)
+    made_before = sorted(open_dir.rglob("*"))
+    for mode in (0o777, 0o770):
+        open_dir.chmod(mode)
+        with pytest.raises(ValueError, match=rf"{name}=.*the directory '{open_dir}' above it is writable by other"):
+            make(target)
+        assert sorted(open_dir.rglob("*")) == made_before
+    # One level further up counts too; a sticky directory is fine (only an entry's owner may rename it).
+    open_dir.chmod(0o700)
+    tmp_path.chmod(0o777)
+    try:
+        with pytest.raises(ValueError, match=rf"the directory '{tmp_path}' above it"):
+            make(target)
+        tmp_path.chmod(0o1777)
+        make(target)
+    finally:
+        tmp_path.chmod(0o700)
+
+
+@pytest.mark.parametrize("creator", CREATORS)
+def test_a_parent_directory_of_another_user_is_refused(shared_root, creator):
+    """A directory above it that another real user owns (they may change it whatever its mode), or a
+    symlink of theirs on the way: refused before anything is made."""
+    make, name = _creators(shared_root)[creator]
+    theirs = shared_root / "theirs"
+    as_nobody(f"import os; os.mkdir({str(theirs)!r}); os.chmod({str(theirs)!r}, 0o755)")
+    target = _prepared(creator, theirs)
+    made_before = sorted(theirs.rglob("*"))
+    with pytest.raises(ValueError, match=rf"{name}=.*the directory '{theirs}' above it belongs to user"):
+        make(target)
+    assert sorted(theirs.rglob("*")) == made_before
+    mine = shared_root / "mine"
+    mine.mkdir(mode=0o700)
+    link = shared_root / "link"
+    as_nobody(f"import os; os.symlink({str(mine)!r}, {str(link)!r})")
+    target = _prepared(creator, mine)
+    made_before = sorted(mine.rglob("*"))
+    with pytest.raises(ValueError, match=rf"the directory '{link}' above it belongs to user"):
+        make(link / target.name)
+    assert sorted(mine.rglob("*")) == made_before
+
+
+def test_missing_parents_are_made_private_whatever_the_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        disk(tmp_path / "a" / "b" / "buf").close()
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "a", tmp_path / "a" / "b"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+
+
 # -- refusals before side effects -------------------------------------------------------------------
 
 

@@ -70,6 +70,27 @@ def test_a_bad_disk_storage_option_value_is_refused_at_once_before_any_shard_sta
     assert not durable.exists()
 
 
+def test_a_durable_dir_others_could_change_is_refused_at_once_before_any_shard_starts(tmp_path) -> None:
+    """Shards' files have names known in advance (shard-0, ...): durable_dir is private as a disk buffer's
+    directory is, and no directory above it is writable by others without the sticky bit."""
+    name = unique("opendir")
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    for durable, what in ((open_dir / "durable", "above it is writable by other"), (open_dir, "writable by other")):
+        for storage in ("host", "disk"):
+            with pytest.raises(ValueError, match=f"durable_dir=.*{what}"):
+                ShardedReplay(2, 64, SCHEMA, storage=storage, durable_dir=str(durable), name=name)
+            assert cluster.running_shards(name) == []
+            assert os.listdir(open_dir) == []
+    replay = ShardedReplay(2, 64, SCHEMA, durable_dir=str(tmp_path / "a" / "durable"), name=name)
+    try:
+        assert oct((tmp_path / "a" / "durable").stat().st_mode & 0o777) == oct(0o700)
+        assert oct((tmp_path / "a").stat().st_mode & 0o777) == oct(0o700)
+    finally:
+        replay.close()
+
+
 def test_a_shard_that_fails_to_start_is_reported_at_once_and_none_is_left_running(small_tmpfs) -> None:
     name = unique("nostart")
     # A real full disk: each shard's ring control block (8 bytes a slot) does not fit in 1 MiB.

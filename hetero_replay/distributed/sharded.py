@@ -61,6 +61,7 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,8 @@ from hetero_replay.options import UNSET, PEROptions, StalenessOptions, check_bet
 from hetero_replay.replay import Sample
 from hetero_replay.schedule import Schedule
 from hetero_replay.storage import HOST, Schema
+from hetero_replay.storage.durable import check_path
+from hetero_replay.storage.files import check_directory, check_parents, private_directory
 from hetero_replay.trees.base import MAX_CAPACITY, max_leaf
 
 #: One sampled transition's identity: its shard, the shard's incarnation, the slot, and the shard's write epoch.
@@ -108,7 +111,10 @@ class ShardedReplay:
         durable_dir: where shards make their durable points (a directory every shard's node
             can write: local disk for one machine, a shared file system for a
             cluster). ``None``: none; a restarted shard starts empty. A directory that
-            holds another run's shards is refused (``ValueError``) unless ``reopen``.
+            holds another run's shards is refused (``ValueError``) unless ``reopen``. Its
+            shards' names are known in advance, so it is private as a disk buffer's
+            directory is (made 0700; an existing one this user's, writable by nobody
+            else; see :mod:`~hetero_replay.storage.files`), checked before Ray starts.
         reopen: continue the shards whose durable points ``durable_dir`` holds (the same
             number of shards, capacity and schema), as :meth:`PrioritizedReplay.reopen` does.
         flush_every, flush_seconds: a shard makes a durable point after this many
@@ -186,6 +192,12 @@ class ShardedReplay:
         check_bool(reopen, "reopen")
         if reopen and durable_dir is None:
             raise ValueError("reopen=True continues the durable points in durable_dir=: give it")
+        if durable_dir is not None:
+            durable_dir = str(check_path(durable_dir, "durable_dir"))
+            if os.path.lexists(durable_dir):
+                check_directory(Path(durable_dir), "durable_dir")  # (an existing one) ours, private
+            else:
+                check_parents(durable_dir, "durable_dir")
         if detached and address is None:
             raise ValueError(
                 "detached=True keeps shards alive after this process: it needs a running cluster's address="
@@ -201,7 +213,7 @@ class ShardedReplay:
         config = ShardConfig(
             capacity=int(capacity_per_shard), schema=schema.to_json(), options=asdict(per), storage=storage,
             storage_options=storage_options or None,
-            durable_dir=None if durable_dir is None else os.path.abspath(durable_dir),
+            durable_dir=durable_dir,
             flush_every=int(flush_every), flush_seconds=float(flush_seconds),
             stage_rows=int(stage_rows),
         )  # fmt: skip
@@ -213,7 +225,7 @@ class ShardedReplay:
             _check_same_replay(self.name, running, num_shards, config)
         elif config.durable_dir is not None:
             _check_durable_dir(config.durable_dir, reopen)
-            os.makedirs(config.durable_dir, exist_ok=True)
+            private_directory(Path(config.durable_dir), "durable_dir")
         per_shard = _per_shard_options(actor_options, num_shards)
         strategy = {"scheduling_strategy": "SPREAD"}  # one shard per node where there are several
         handles = [

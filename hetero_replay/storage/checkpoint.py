@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from hetero_replay.checks import is_int, is_real
+from hetero_replay.storage.files import check_parents
 from hetero_replay.storage.schema import PLAIN_KINDS, Schema
 from hetero_replay.trees.base import MAX_CAPACITY
 
@@ -98,9 +99,11 @@ def write(path: str | os.PathLike[str], header: Mapping[str, Any], arrays: Mappi
 
     Raises:
         ValueError: the header would be larger than :data:`MAX_HEADER_BYTES`
-            (:func:`read` would refuse the file).
+            (:func:`read` would refuse the file), or a directory above ``path``
+            is another user's to change (:func:`~hetero_replay.storage.files.check_parents`).
     """
     path = Path(path)
+    check_parents(path, "path")
     manifest = {name: {"dtype": a.dtype.str, "shape": list(a.shape)} for name, a in arrays.items()}
     full_header = {"format": FORMAT, "version": VERSION, **header, "arrays": manifest}
     header_bytes = json.dumps(full_header, indent=1).encode()

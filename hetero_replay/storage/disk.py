@@ -726,12 +726,14 @@ def last_durable_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The header of the last durable point of the disk buffer in directory ``path`` (checked).
 
     Raises:
-        ValueError: ``path`` holds no durable point of a disk buffer.
+        ValueError: ``path`` holds no durable point of a disk buffer, or is a
+            directory another user could change (:func:`~hetero_replay.storage.files.check_directory`).
         ReplayFileError: the durable point is damaged.
     """
     state = os.path.join(os.fspath(path), STATE_FILE)
     if not os.path.exists(state):
         raise ValueError(f"{os.fspath(path)!r} holds no durable point of a 'disk' replay buffer ({state} is missing)")
+    check_directory(check_path(path, "path"), "path")  # before reading (or tidying) anything in it
     return read_point(state)[0]
 
 

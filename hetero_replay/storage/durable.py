@@ -32,6 +32,7 @@ import numpy as np
 
 from hetero_replay.checks import check_int, check_real
 from hetero_replay.storage import checkpoint
+from hetero_replay.storage.files import check_parents
 
 #: The header section of a durable point that the schedule writes (and reads back at ``reopen``).
 DURABLE = checkpoint.DURABLE
@@ -210,8 +211,9 @@ def check_new_file(value: Any, name: str) -> Path:
     Raises:
         TypeError: not a ``str``/``os.PathLike`` of text.
         ValueError: empty, existing (the buffer of an earlier run, which
-            ``reopen`` continues: a new buffer never replaces it), or in a
-            folder that does not exist.
+            ``reopen`` continues: a new buffer never replaces it), in a
+            folder that does not exist, or below a directory another user may
+            change (:func:`~hetero_replay.storage.files.check_parents`).
     """
     path = check_path(value, name)
     if os.path.lexists(path):  # lexists: a dangling link would still be replaced by the first write
@@ -222,6 +224,7 @@ def check_new_file(value: Any, name: str) -> Path:
         )
     if not path.parent.is_dir():
         raise ValueError(f"{name} {str(path)!r}: the folder {str(path.parent)!r} does not exist")
+    check_parents(path, name)
     return path
 
 

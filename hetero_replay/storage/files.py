@@ -11,6 +11,14 @@ because a buffer's directory may sit where other local users can write
   are the buffer's own names, known in advance. (A file *beside* which a
   random name is created, such as a ``"shared"`` segment in ``/dev/shm``, may
   go in a sticky directory: see :func:`check_directory`.)
+* **No directory above them is another user's to change.** Every directory
+  from the root down to the one a file or a buffer's directory is created in
+  (as the path is given, and as its links resolve) must belong to root or this
+  user, and be writable by nobody else unless it is sticky (``/tmp``): a user
+  who can write to a directory may rename what is in it and put a directory
+  or link of theirs in its place (the rule ``ssh`` applies to its files,
+  loosened for sticky directories, where only an entry's owner can rename
+  it). :func:`check_parents`; refused with ``ValueError`` naming the directory.
 * **New files are new.** ``O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC``, mode
   0600: an existing file or a symlink under that name is an error, never
   truncated or followed. Temporary files get unpredictable names
@@ -52,14 +60,50 @@ class BufferInUseError(ValueError):
     """Another learner (this process or another, on this host or one sharing the file system) owns the buffer."""
 
 
+def check_parents(path: str | os.PathLike[str], name: str) -> None:
+    """Refuse ``path`` if a directory above it lets another user replace it: ``ValueError`` naming both.
+
+    Every existing directory from the root down to ``path``'s parent, along
+    ``path`` as given (absolute) and along its resolved form, must belong to
+    root or this user and, unless sticky, be writable by nobody else (see the
+    module docstring). Symlinks on the way must belong to root or this user.
+    Missing directories are not checked: whoever creates them makes them.
+    """
+    given = Path(os.path.abspath(path))
+    seen: set[Path] = set()
+    for chain in (given, Path(os.path.realpath(given))):
+        for parent in reversed(chain.parents):
+            if parent in seen:
+                continue
+            seen.add(parent)
+            try:
+                st = os.lstat(parent)
+            except FileNotFoundError:
+                break  # below it nothing exists yet
+            if st.st_uid not in (0, os.geteuid()):
+                raise ValueError(
+                    f"{name}={str(path)!r}: the directory {str(parent)!r} above it belongs to user {st.st_uid}, "
+                    "who could replace what is in it; use a path whose directories are yours or root's"
+                )
+            writable_by_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            if stat.S_ISDIR(st.st_mode) and writable_by_others and not st.st_mode & stat.S_ISVTX:
+                raise ValueError(
+                    f"{name}={str(path)!r}: the directory {str(parent)!r} above it is writable by other users "
+                    f"without the sticky bit (mode {stat.filemode(st.st_mode)}): they could replace what is in "
+                    "it; use a path only you can change (chmod go-w, or chmod +t)"
+                )
+
+
 def check_directory(path: Path, name: str, shared_sticky: bool = False) -> None:
-    """Refuse a directory another user could plant files in: ``ValueError`` naming ``name``.
+    """Refuse a directory another user could plant files in, or replace: ``ValueError`` naming ``name``.
 
     It must be a real directory (not a symlink), owned by this user and not
     writable by group or others; with ``shared_sticky`` a sticky directory is
     also accepted (``/tmp``, ``/dev/shm``), for files created there under a
-    random name with :data:`NEW_FILE_FLAGS`.
+    random name with :data:`NEW_FILE_FLAGS`. The directories above it must
+    pass :func:`check_parents`.
     """
+    check_parents(path, name)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -82,16 +126,31 @@ def check_directory(path: Path, name: str, shared_sticky: bool = False) -> None:
 def private_directory(path: Path, name: str) -> bool:
     """Create directory ``path`` (mode 0700, parents as ``mkdir -p``) or check an existing one.
 
-    Returns whether it was created here. Raises ``ValueError`` as :func:`check_directory`.
+    Returns whether it was created here. Raises ``ValueError`` as :func:`check_directory`,
+    before creating anything when an existing directory above it fails :func:`check_parents`.
+    Missing parents are made 0700 too (whatever the umask): only this user may change them.
     """
+    check_parents(path, name)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_parents(path)
         os.mkdir(path, 0o700)
         created = True
     except FileExistsError:
         created = False
     check_directory(path, name)
     return created
+
+
+def make_parents(path: str | os.PathLike[str]) -> None:
+    """Create the missing directories above ``path``, each with mode 0700 (as ``mkdir -p -m 0700``)."""
+    missing = []
+    for parent in Path(os.path.abspath(path)).parents:
+        if os.path.lexists(parent):
+            break
+        missing.append(parent)
+    for parent in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another process: checked by the caller
+            os.mkdir(parent, 0o700)
 
 
 def create_file(path: str | os.PathLike[str], flags: int = os.O_RDWR, mode: int = 0o600) -> int:
@@ -183,7 +242,9 @@ __all__ = [
     "BufferInUseError",
     "OwnerLock",
     "check_directory",
+    "check_parents",
     "create_file",
+    "make_parents",
     "open_file",
     "private_directory",
 ]
