@@ -9,11 +9,14 @@ hetero-replay compare    stock replay vs PER in SB3 / Tianshou training runs, ov
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 import hetero_replay
+from hetero_replay.checks import check_int
 from hetero_replay.extend import install_hint
+from hetero_replay.storage.files import check_parents
 
 Command = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, tuple[Command, Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -90,12 +93,20 @@ def advise(args: argparse.Namespace) -> int:
             )  # fmt: skip
         elif args.profile is None:
             raise ValueError("give --lib (sb3 or tianshou) and the setup, or --profile FILE")
-        if (args.validate or args.validate_all) and workload is None:
-            raise ValueError("--validate trains the placements, so it needs --lib and the setup")
+        if args.validate or args.validate_all:
+            if workload is None:
+                raise ValueError("--validate trains the placements, so it needs --lib and the setup")
+            # Refused now, not after the minutes of profiling.
+            check_int(args.top, "--top", 1)
+            check_int(args.repeats, "--repeats", 1)
+            if args.env_steps is not None:
+                check_int(args.env_steps, "--env-steps", 1)
+        if args.out is not None:
+            check_parents(os.path.join(args.out, "advice.json"), "--out")
         advice = advisor.advise(
             workload, staleness=staleness, profile=args.profile, cache=not args.no_cache, progress=progress
         )
-    except (ValueError, TypeError, ImportError, advisor.ProfileError, FileNotFoundError) as e:
+    except (ValueError, TypeError, ImportError, advisor.ProfileError, OSError) as e:
         print(f"hetero-replay advise: {e}", file=sys.stderr)
         return 2
     if args.validate or args.validate_all:
@@ -148,13 +159,14 @@ def compare(args: argparse.Namespace) -> int:
             torch_threads=args.threads,
             staleness=None if args.staleness is None else _integers(args.staleness, "--staleness"),
         )  # fmt: skip
+        out = args.out or driver.default_out_dir(args.lib, args.algo, args.env)
+        report.check_out_dir(out)  # refused now, not after the runs
     except (ValueError, ImportError) as e:
         print(f"hetero-replay compare: {e}", file=sys.stderr)
         return 2
     results = driver.run_specs(specs, progress_bar=not args.no_progress)
     summary = report.summarize(results)
     print(report.format_table(results, summary))
-    out = args.out or driver.default_out_dir(args.lib, args.algo, args.env)
     written = report.write_all(results, summary, out)
     if args.staleness is not None:
         from hetero_replay.apps.compare import staleness_study

@@ -51,7 +51,8 @@ def build_specs(
 
     Raises:
         ValueError: an unknown library, algorithm or variant, a non-positive
-            count, a staleness out of range, or a sweep with no variant that takes it.
+            count, a negative seed, a staleness out of range, or a sweep with no
+            variant that takes it.
     """
     runner = runner_for(lib)
     if algo not in runner.algos:
@@ -68,6 +69,8 @@ def build_specs(
             raise ValueError(f"{name} must be >= 1, got {value}")
     if not seeds:
         raise ValueError("at least one seed is needed")
+    if min(seeds) < 0:  # refused here, not by the environment once the first run started
+        raise ValueError(f"seeds must be >= 0, got {min(seeds)}")
     _check_env_id(env_id)
     arms: list[tuple[str, int | None]] = [(v, None) for v in chosen]
     if staleness is not None:

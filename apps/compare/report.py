@@ -14,15 +14,19 @@ Per variant, over seeds:
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from hetero_replay.apps.compare.base import RunResult
+from hetero_replay.storage.files import check_parents, replace_file
 
 
 @dataclass(frozen=True)
@@ -137,10 +141,30 @@ def format_table(results: Sequence[RunResult], summary: Sequence[VariantSummary]
     return "\n".join([title, "", line(header), rule, *map(line, body)])
 
 
+@contextlib.contextmanager
+def _written(path: str) -> Iterator[io.StringIO]:
+    """Text written to ``path`` when the block ends (:func:`~hetero_replay.storage.files.replace_file`)."""
+    text = io.StringIO(newline="")
+    yield text
+    replace_file(path, text.getvalue().encode(), "out_dir")
+
+
+def save_figure(fig: Any, path: str, dpi: int) -> None:
+    """A matplotlib figure as a PNG at ``path``, written as :func:`_written` writes."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=dpi)
+    replace_file(path, png.getvalue(), "out_dir")
+
+
+def check_out_dir(out_dir: str) -> None:
+    """Refuse, before any run, an output folder whose files :func:`write_all` would refuse (``ValueError``)."""
+    check_parents(os.path.join(out_dir, "results.json"), "out_dir")
+
+
 def write_csv(results: Sequence[RunResult], out_dir: str) -> tuple[str, str]:
     """``runs.csv`` (one row per run) and ``curves.csv`` (one row per evaluation)."""
     runs_path, curves_path = os.path.join(out_dir, "runs.csv"), os.path.join(out_dir, "curves.csv")
-    with open(runs_path, "w", newline="") as f:
+    with _written(runs_path) as f:
         w = csv.writer(f)
         w.writerow(["lib", "algo", "env_id", "variant", "seed", "steps", "n_envs", "wall_s", "train_s",
                     "env_steps_per_s", "final_return", "auc"])  # fmt: skip
@@ -149,7 +173,7 @@ def write_csv(results: Sequence[RunResult], out_dir: str) -> tuple[str, str]:
             w.writerow([s.lib, s.algo, s.env_id, s.label, s.seed, s.steps, s.n_envs, f"{r.wall_s:.3f}",
                         f"{r.train_s:.3f}", f"{r.env_steps_per_s:.1f}",
                         r.eval_returns[-1] if r.eval_returns else "", auc(r.eval_steps, r.eval_returns)])  # fmt: skip
-    with open(curves_path, "w", newline="") as f:
+    with _written(curves_path) as f:
         w = csv.writer(f)
         w.writerow(["variant", "seed", "env_steps", "mean_return"])
         for r in results:
@@ -163,7 +187,7 @@ def write_json(results: Sequence[RunResult], summary: Sequence[VariantSummary], 
     from dataclasses import asdict
 
     path = os.path.join(out_dir, "results.json")
-    with open(path, "w") as f:
+    with _written(path) as f:
         json.dump({"runs": [r.to_json() for r in results], "summary": [asdict(s) for s in summary]}, f, indent=1)
     return path
 
@@ -204,12 +228,16 @@ def write_png(results: Sequence[RunResult], summary: Sequence[VariantSummary], o
     bars.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     path = os.path.join(out_dir, "comparison.png")
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 
 
 def write_all(results: Sequence[RunResult], summary: Sequence[VariantSummary], out_dir: str) -> list[str]:
-    """Write the CSV, JSON and PNG files into ``out_dir`` (created if needed); returns their paths."""
-    os.makedirs(out_dir, exist_ok=True)
+    """Write the CSV, JSON and PNG files into ``out_dir`` (created if needed); returns their paths.
+
+    Each file is written as :func:`hetero_replay.storage.files.replace_file` writes: a folder
+    another user could change is refused (``ValueError``), a link planted at a name is replaced,
+    never followed.
+    """
     return [*write_csv(results, out_dir), write_json(results, summary, out_dir), write_png(results, summary, out_dir)]

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from hetero_replay.apps.compare.base import RunResult
-from hetero_replay.apps.compare.report import auc
+from hetero_replay.apps.compare.report import auc, save_figure
 from hetero_replay.extend import install_hint
+from hetero_replay.storage.files import replace_file
 
 #: Bootstrap resamples per interval; 2,000 keeps the CI's own noise well below its width.
 BOOTSTRAP_REPS = 2000
@@ -121,10 +122,8 @@ def write(rows: Sequence[StalenessRow], results: Sequence[RunResult], out_dir: s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    os.makedirs(out_dir, exist_ok=True)
     json_path = os.path.join(out_dir, "staleness.json")
-    with open(json_path, "w") as f:
-        json.dump([asdict(r) for r in rows], f, indent=1)
+    replace_file(json_path, json.dumps([asdict(r) for r in rows], indent=1).encode(), "out_dir")
     spec = results[0].spec
     ks = np.array([r.staleness for r in rows], dtype=float)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -148,7 +147,7 @@ def write(rows: Sequence[StalenessRow], results: Sequence[RunResult], out_dir: s
     )
     fig.tight_layout()
     png_path = os.path.join(out_dir, "staleness.png")
-    fig.savefig(png_path, dpi=120)
+    save_figure(fig, png_path, dpi=120)
     plt.close(fig)
     return [json_path, png_path]
 

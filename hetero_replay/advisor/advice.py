@@ -16,6 +16,7 @@ from hetero_replay.advisor.profile import Profile
 from hetero_replay.advisor.workload import Workload, make_workload
 from hetero_replay.checks import check_staleness
 from hetero_replay.placement import Placement
+from hetero_replay.storage.files import replace_file
 
 log = logging.getLogger("hetero_replay.advisor")
 
@@ -160,13 +161,15 @@ class Advice:
         return report.plot(self.rows, self.title, pathlib.Path(path), self.summary())
 
     def save(self, directory: str | os.PathLike[str]) -> list[pathlib.Path]:
-        """Write ``advice.txt`` (the table), ``advice.json``, ``advice.png`` and ``profile.json`` into ``directory``."""
+        """Write ``advice.txt`` (the table), ``advice.json``, ``advice.png`` and ``profile.json`` into ``directory``.
+
+        Each as :func:`~hetero_replay.storage.files.replace_file` writes (a link planted at a name is
+        replaced, not followed; a folder another user could change is refused with ``ValueError``).
+        """
         from hetero_replay.advisor import report
 
         out = pathlib.Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "advice.txt").write_text(self.table() + "\n")
-        written = [out / "advice.txt"]
+        written = [replace_file(out / "advice.txt", (self.table() + "\n").encode(), "out")]
         written.append(
             report.write_json(out / "advice.json", self.rows, self.title, self.summary(), self.profile.to_dict())
         )

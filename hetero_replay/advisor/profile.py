@@ -32,15 +32,17 @@ import os
 import pathlib
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from hetero_replay.advisor.workload import ReplayConfig, Workload, WorkloadSpec
+from hetero_replay.storage.files import private_directory, read_regular_file, replace_file
 
 #: Bumped when the file layout changes; older files are re-measured, not misread.
 FORMAT = 1
+#: The largest profile file read (a profile is tens of KB): a bigger one is refused, not read into memory.
+MAX_PROFILE_BYTES = 64 << 20
 #: Repetitions per primitive (the median is kept).
 REPEATS = 20
 #: Untimed calls before the clock starts (caches, allocator, lazy initialisation).
@@ -345,39 +347,32 @@ class Profile:
         )
 
     def save(self, path: str | os.PathLike[str]) -> pathlib.Path:
-        """Write the profile as JSON (atomically: a temporary file renamed over ``path``).
+        """Write the profile as JSON, as :func:`~hetero_replay.storage.files.replace_file` writes.
 
-        The temporary has an unpredictable name and is created exclusively
-        (``tempfile.mkstemp``, mode 0600), so a name planted in a shared cache
-        directory is never written through; folders created on the way are 0700.
+        Atomically, through a temporary of unpredictable name created exclusively
+        (mode 0600), so a name planted in a shared folder is never written through;
+        a folder another user could change is refused (``ValueError``); folders
+        created on the way are 0700.
         """
-        path = pathlib.Path(path)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(self.to_dict(), indent=1))
-            os.replace(tmp, path)
-        except BaseException:
-            pathlib.Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return replace_file(path, json.dumps(self.to_dict(), indent=1).encode(), "profile path")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Profile:
         """Read a profile saved by :meth:`save` (on this machine or another).
 
         Raises:
-            FileNotFoundError: no file at ``path``.
-            ProfileError: the file is not a profile of this format.
+            FileNotFoundError: no file at ``path`` (``OSError`` if it cannot be opened).
+            ProfileError: the file is not a profile of this format: not a regular file
+                (a FIFO or device is not waited on), larger than :data:`MAX_PROFILE_BYTES`,
+                not JSON, or not a profile's fields.
         """
         path = pathlib.Path(path)
-        text = path.read_text()
         try:
+            text = read_regular_file(path, MAX_PROFILE_BYTES, "profile").decode()
             return cls.from_dict(json.loads(text))
         except ProfileError as e:
             raise ProfileError(f"{path}: {e}") from None
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError) as e:
             raise ProfileError(f"{path} is not a hetero-replay profile ({type(e).__name__}: {e})") from None
 
 
@@ -431,7 +426,13 @@ def cache_dir() -> pathlib.Path:
 
 
 def cache_path(spec: WorkloadSpec, configs: Iterable[ReplayConfig], learners: Iterable[str]) -> pathlib.Path:
-    """The cache file of this workload on this machine with this version, profiling these configurations."""
+    """The cache file of this workload on this machine with this version, profiling these configurations.
+
+    Its folder is made private here (0700; an existing one must be this user's,
+    writable by nobody else, below directories no other user may change: see
+    :mod:`hetero_replay.storage.files`): the names in it are known in advance, so
+    a profile planted in a shared folder would be trusted. ``ValueError`` otherwise.
+    """
     key = {
         "workload": spec.to_dict(),
         "machine": {k: v for k, v in machine().items() if k != "platform"},
@@ -441,7 +442,9 @@ def cache_path(spec: WorkloadSpec, configs: Iterable[ReplayConfig], learners: It
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     name = f"{spec.lib}-{spec.algo}-{spec.env}-{digest}.json".replace("/", "_")
-    return cache_dir() / "profiles" / name
+    folder = pathlib.Path(os.path.abspath(cache_dir() / "profiles"))
+    private_directory(folder, "profile cache")
+    return folder / name
 
 
 def collect(

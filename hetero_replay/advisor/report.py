@@ -26,6 +26,7 @@ when a plot is drawn, and drawn on a bare Agg canvas, so pyplot's global state
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hetero_replay.advisor.model import PARTS  # the parts of an env step's time, in display order
 from hetero_replay.registry import install_hint
+from hetero_replay.storage.files import replace_file
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -413,13 +415,14 @@ def write_json(
     summary: Mapping[str, Any] | None = None,
     profile_dict: Mapping[str, Any] | None = None,
 ) -> pathlib.Path:
-    """Write :func:`to_json` to ``path`` (its folder created if needed); returns the path."""
-    path = pathlib.Path(path)
+    """Write :func:`to_json` to ``path`` (its folder created if needed); returns the path.
+
+    Written as :func:`~hetero_replay.storage.files.replace_file` writes: never through a link
+    planted at the name; a folder another user could change is refused (``ValueError``).
+    """
     data = to_json(rows, title, summary, profile_dict)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # allow_nan=False: a NaN that slipped through is a bug here, not a file other tools cannot read
-    path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
-    return path
+    return replace_file(path, (json.dumps(data, indent=1, allow_nan=False) + "\n").encode(), "out")
 
 
 # ---------------------------------------------------------------------------------------------- figures
@@ -439,10 +442,9 @@ def _figure(width: float, height: float) -> Figure:
 
 
 def _save(fig: Figure, path: str | os.PathLike[str]) -> pathlib.Path:
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    return replace_file(path, png.getvalue(), "out")
 
 
 def _colour(row: RankedRow) -> str:

@@ -44,6 +44,7 @@ import errno
 import fcntl
 import os
 import stat
+import tempfile
 import weakref
 from pathlib import Path
 
@@ -153,6 +154,51 @@ def make_parents(path: str | os.PathLike[str]) -> None:
             os.mkdir(parent, 0o700)
 
 
+def replace_file(path: str | os.PathLike[str], data: bytes, name: str = "path") -> Path:
+    """Write ``data`` to ``path`` atomically, never through a link planted at its name; return the absolute path.
+
+    For files of known names in a user-given folder (reports, the advisor's
+    profiles): :func:`check_parents` first (``ValueError`` naming ``name``),
+    missing folders made 0700, then a new temporary of unpredictable name beside
+    it (:func:`tempfile.mkstemp`: ``O_EXCL``, mode 0600) renamed over ``path``.
+    A symlink at ``path`` is replaced, not followed; a directory there is an ``OSError``.
+    """
+    target = Path(os.path.abspath(path))
+    check_parents(target, name)
+    make_parents(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read_regular_file(path: str | os.PathLike[str], limit: int, name: str = "path") -> bytes:
+    """The bytes of the regular file at ``path``, at most ``limit`` of them.
+
+    Opened without blocking (a FIFO or a device named by mistake or malice
+    would otherwise hang the read or never end it), then refused unless a
+    regular file of at most ``limit`` bytes: ``ValueError`` naming ``name``.
+    ``FileNotFoundError`` / other ``OSError`` as ``open`` raises them.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ValueError(f"{name}={os.fspath(path)!r} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > limit:
+            raise ValueError(f"{name}={os.fspath(path)!r} holds {st.st_size} bytes, more than the {limit} it may")
+        data = f.read(limit + 1)
+    if len(data) > limit:  # grew while read
+        raise ValueError(f"{name}={os.fspath(path)!r} holds more than the {limit} bytes it may")
+    return data
+
+
 def create_file(path: str | os.PathLike[str], flags: int = os.O_RDWR, mode: int = 0o600) -> int:
     """A new file at ``path``, opened with ``flags``: ``FileExistsError`` if anything (a link too) is there."""
     return os.open(path, flags | NEW_FILE_FLAGS, mode)
@@ -247,4 +293,6 @@ __all__ = [
     "make_parents",
     "open_file",
     "private_directory",
+    "read_regular_file",
+    "replace_file",
 ]
