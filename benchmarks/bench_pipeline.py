@@ -1,6 +1,6 @@
 """Learner steps/s with strict PER against RelaxedReplay (staleness k), on a CPU learner.
 
-    python benchmarks/bench_pipeline.py            # full: N in {1e5, 1e6} x hidden {64x64, 256x256} x B in {64..4096}
+    python benchmarks/bench_pipeline.py            # full: N in {1e5, 1e6} x hidden {8x8, 64x64, 256x256} x B in {64..4096}
     python benchmarks/bench_pipeline.py --quick    # smoke run: N = 1e5, hidden 64x64, B in {64, 1024}, 3 repeats
     python benchmarks/bench_pipeline.py --capacities 1e6 --batches 4096 --hidden 256x256   # one cell ("custom")
 
@@ -86,10 +86,11 @@ class Plan:
     repeats: int
     min_time: float
     obs_dim: int
-    worker: str = "thread"  # RelaxedReplay's worker mode
+    worker: str = "auto"  # RelaxedReplay's worker mode
 
 
-FULL = Plan((100_000, 1_000_000), (64, 256, 1024, 4096), ((64, 64), (256, 256)), (1, 2, 4), 9, 0.2, 8)
+# 8x8 nets: the replay-heavy cells, where replay is a large share of a strict step.
+FULL = Plan((100_000, 1_000_000), (64, 256, 1024, 4096), ((8, 8), (64, 64), (256, 256)), (1, 2, 4), 9, 0.2, 8)
 QUICK = Plan((100_000,), (64, 1024), ((64, 64),), (1, 2, 4), 3, 0.1, 8)
 
 
@@ -386,8 +387,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--worker",
         choices=WORKER_MODES,
-        default="thread",
-        help="RelaxedReplay's worker: thread (always overlap), auto (a thread where it pays), inline",
+        default="auto",
+        help="RelaxedReplay's worker: native (C++ thread, no GIL), thread (a Python thread), inline, "
+        "auto (native where it applies; default)",
     )
     p.add_argument("--name", help="output stem after 'pipeline-' (default: full, quick or custom, then -WORKER)")
     return p.parse_args(argv)

@@ -19,6 +19,7 @@ using namespace hetero_replay;
 
 void register_kernel_items(py::module_& m);  // csrc/kernel_items_host.cpp
 void register_ring(py::module_& m);          // csrc/ring.cpp
+void register_executor(py::module_& m);      // csrc/executor.cpp
 
 namespace {
 
@@ -199,6 +200,11 @@ std::unique_ptr<PySumTree> make_py_tree(int64_t capacity, int fanout, py::object
 }
 
 }  // namespace
+
+// The C++ tree inside a hetero_replay._native.SumTree (csrc/executor.cpp runs jobs on it).
+namespace hetero_replay {
+SumTreeBase& native_tree_of(py::handle tree) { return *tree.cast<PySumTree&>().tree; }
+}  // namespace hetero_replay
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "C++ K-ary sum tree and hot-path helpers of hetero_replay.";
@@ -437,4 +443,5 @@ writers and readers are serialised by an internal reader/writer lock.
                ", fanout=" + std::to_string(t.tree->fanout()) +
                ", dtype=" + (t.float64() ? "float64" : "float32") + ")";
       });
+  register_executor(m);
 }

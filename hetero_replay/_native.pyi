@@ -65,3 +65,26 @@ def read_records(fd: int, offsets: Any, out: npt.NDArray[np.uint8], threads: int
 def ring_scan(
     stamps: npt.NDArray[np.int64], seen: npt.NDArray[np.int64], pending: Any, lo: int, hi: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int8], npt.NDArray[np.int64], int]: ...
+
+class Executor:
+    """The relaxed pipeline's native executor (csrc/executor.cpp): jobs run in order on a C++ thread, no GIL."""
+
+    def __init__(self, tree: SumTree, fields: list[np.ndarray], written_at: np.ndarray | None) -> None: ...
+    def submit(
+        self,
+        updates: list[tuple[np.ndarray, np.ndarray, int, np.ndarray | None, np.ndarray | None]],
+        uniforms: np.ndarray | None,
+        outputs: list[np.ndarray] | None,
+        stratified: bool,
+        alpha: float,
+        eps: float,
+        limit: int,
+    ) -> None: ...
+    def collect(self) -> tuple[list[tuple[int, int, float, tuple[int, str] | None]], tuple[int, str] | None]: ...
+    def stop(self) -> None: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def finished(self) -> int: ...
+    @property
+    def thread_alive(self) -> bool: ...

@@ -129,7 +129,7 @@ def check_floor(alpha: float, eps: float, dtype: np.dtype) -> None:
 
 
 #: Where a relaxed schedule's work runs (see :class:`StalenessOptions`).
-WORKER_MODES = ("auto", "thread", "inline")
+WORKER_MODES = ("auto", "native", "thread", "inline")
 
 
 @dataclass(frozen=True)
@@ -145,11 +145,13 @@ class StalenessOptions:
             executor that supports less (the sharded replay's: 2) says so.
         prefetch: batches prepared ahead of the learner, ``>= 1`` (at most
             ``staleness`` can be: the updates later ones need are not given yet).
-        worker: where a local buffer's schedule runs: ``"thread"``, a worker
-            thread; ``"inline"``, the learner's thread (same batches, no
-            overlap); ``"auto"``, inline until the replay work is a sizeable
-            share of the learner's step, then the thread. The batches are the
-            same in every mode: only the speed differs.
+        worker: where a local buffer's schedule runs: ``"native"``, a C++
+            thread that holds no GIL (C++ tree, host storage); ``"thread"``, a
+            Python worker thread; ``"inline"``, the learner's thread (same
+            batches, no overlap); ``"auto"``, native where it applies, else
+            inline until the replay work is a sizeable share of the learner's
+            step, then the Python thread. The batches are the same in every
+            mode: only the speed differs.
 
     Wrong types raise ``TypeError``, values out of range ``ValueError``, each
     naming the argument.

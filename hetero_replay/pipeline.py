@@ -3,44 +3,68 @@
 Strict PER runs a learner step as ``sample -> train -> update_priorities``, in
 series. Relaxing the dependency between the update of step ``t`` and the
 sample of step ``t + 1`` (Zhang, Meng, Prasanna, TPDS 2023) lets a worker
-thread draw, gather and move the next batches, and write priorities, while the
+draw, gather and move the next batches, and write priorities, while the
 learner trains: the step then costs ``max(T_replay, T_train)`` instead of
 their sum.
 
 **The schedule** is :mod:`hetero_replay.schedule`'s (staleness ``k``: the batch of
 step ``t`` sees exactly the updates of steps ``<= t - k - 1``; late updates to
-rewritten slots are dropped; updates applied for batches drawn ahead are undone
-exactly when a write discards them). It is a fixed order, not a race, so a seed
+rewritten slots are dropped). It is a fixed order, not a race, so a seed
 fixes every batch whatever the thread timing, and ``k = 0`` is strict PER (the
-wrapped buffer is called directly). With ``k >= 1`` the worker can draw the
-batches of steps ``t + 1 .. t + d`` (``d = min(prefetch, k)``) while step ``t``
-trains, since the updates they need are already queued.
+wrapped buffer is called directly). Serving the batch of step ``t`` releases
+the draws of steps ``t + 1 .. t + d`` (``d = min(prefetch, k)``; the updates
+they need are queued already).
 
-**Adds and other writes** stay synchronous and ordered: :meth:`~RelaxedReplay.add`
-first puts the buffer in the state the schedule defines for the next step
-(batches drawn ahead are discarded and the generator rewound, updates applied
-for them undone), then writes. So a batch never misses rows added before its
-``sample`` call. Update entries skipped because their slot was rewritten are
-counted in :attr:`~RelaxedReplay.dropped_updates`.
+**Which rows a batch drawn ahead holds.** A released batch is drawn from the
+buffer as it is when the ``sample`` that released it returns, after the
+updates it must see: rows written later (an :meth:`~RelaxedReplay.add`, SB3's
+commit of staged rows) are not in it, and the write does not discard it.
+They are in the batches released after the write. A write first completes the
+released work (waiting for the worker, or doing it), so the order is fixed;
+a slot the write rewrites keeps its old row in the batch already drawn, and
+the update of that batch skips it (the epoch rule; counted in
+:attr:`~RelaxedReplay.dropped_updates`). Batches drawn ahead are drawn again
+only where the learner asks for it: another batch size, :meth:`~RelaxedReplay.flush`
+(and what flushes: ``state_dict``, ``save``, pickling, the ``alpha`` and
+``eps`` setters) and :attr:`~RelaxedReplay.rng`; then the generator is rewound
+to where they began and the updates applied for them since the last write are
+undone exactly.
 
 **IS weights** of a relaxed batch are ``(p_min / p_i) ** beta`` of the
 priorities it was drawn with, ``beta`` being the one of the ``sample`` call.
 
 **Errors** of a queued update (a NaN TD error, an index out of range) are
 raised, naming the step, by the first ``sample`` whose batch the schedule
-draws after that update (or by a write or :meth:`~RelaxedReplay.flush` that
-applies it), whichever thread applied it; the bad update changes nothing and
-is skipped, and the next call goes on. Anything else that stops the worker
+draws after that update (or by a :meth:`~RelaxedReplay.flush` that applies
+it), whichever thread applied it; the bad update changes nothing and is
+skipped, and the next call goes on. Anything else that stops the worker
 thread (the wrapped buffer closed under it, a durable point failing in it) is
-raised by the learner's next call, once. **Threads**: the work runs on a worker thread where
-that pays (``worker="auto"``: once the replay work is a quarter of the
-learner's step; below, the GIL hand-overs between two Python threads cost more
-than the overlap gains, so the same schedule runs on the learner's thread).
-One worker per buffer, started when first needed, stopped by :meth:`~RelaxedReplay.close`, by the context
-manager, when the buffer is garbage collected, and at interpreter exit. After
-``fork`` the child's buffer is consistent and starts its own worker.
-**Devices**: with a CUDA learner the worker works on a side CUDA stream and
-the learner's stream waits for a batch's copy before using it.
+raised by the learner's next call, once.
+
+**Executors** (``worker=``; the batches are the same in every one, bit for bit):
+
+* ``"native"``: the released work runs as whole jobs on a C++ thread that
+  never takes the GIL (:class:`hetero_replay._native.Executor`): apply the
+  updates, draw from uniforms drawn here from the buffer's generator, gather
+  the rows into a ring of ``2 * d + 1`` preallocated slots. The arrays of a
+  served batch are the slot's: they stay valid until the learner has taken
+  ``d + 1`` more batches (copy them to keep them longer; SB3 and Tianshou use
+  a batch within its step). Update arrays are checked and copied when given
+  (malformed ones are refused at once). It needs the C++ tree and host storage
+  serving NumPy batches (:meth:`PrioritizedReplay.native_parts`); ring and
+  disk storages check stamps and CRCs in Python, so they keep the Python
+  executors.
+* ``"thread"``: a Python worker thread; ``"inline"``: the learner's thread.
+* ``"auto"`` (default): native where it applies; else inline until the replay
+  work is ``AUTO_WORKER_SHARE`` of the learner's step, then the Python thread
+  (there each GIL hand-over costs ~100 µs, which only a large share repays).
+
+One worker per buffer, started when first needed, stopped by
+:meth:`~RelaxedReplay.close`, by the context manager, when the buffer is
+garbage collected, and at interpreter exit. After ``fork`` the child's buffer
+is consistent (a native job in flight finishes before the fork) and starts
+its own worker. **Devices**: with a CUDA learner the Python worker works on a
+side CUDA stream and the learner's stream waits for a batch's copy before using it.
 """
 
 from __future__ import annotations
@@ -57,6 +81,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from hetero_replay import _native
 from hetero_replay.checks import check_batch_size
 from hetero_replay.forksafe import PIPELINE, ForkSafeLock, holding_for_exit
 from hetero_replay.options import PEROptions, StalenessOptions, check_beta
@@ -66,8 +91,9 @@ from hetero_replay.schedule import PendingUpdate, Schedule
 from hetero_replay.storage import Schema
 from hetero_replay.trees import SumTree
 
-#: ``worker="auto"`` moves the work to a thread once it is this share of the learner's step;
-#: below it, the GIL hand-overs a thread costs (measured: ~0.2 ms a step on a 2-vCPU VM) outweigh the overlap.
+#: ``worker="auto"`` where the native executor cannot run (other trees, ring, disk or device storages): the
+#: work moves to the Python thread once it is this share of the learner's step; below it, the GIL hand-overs
+#: that thread costs (measured: ~0.2 ms a step on a 2-vCPU VM) outweigh the overlap.
 AUTO_WORKER_SHARE = 0.25
 #: Learner steps over which ``worker="auto"`` measures (medians, so rollout gaps do not count).
 AUTO_WINDOW = 32
@@ -85,6 +111,7 @@ class _Drawn:
     ready_event: Any = None
     beta: float | None = None  # the beta ``weights`` are raised to, if any
     weights: Any = None
+    job: _Job | None = None  # the native executor's job that draws it (``batch`` is set when collected)
 
 
 @dataclass
@@ -123,12 +150,14 @@ class RelaxedReplay:
             ``prefetch`` and ``worker`` are its own).
         prefetch: how many batches the worker prepares ahead (at most ``k``
             can be: the updates later ones need are not given yet).
-        worker: where the schedule's work runs: ``"thread"``, a worker thread;
-            ``"inline"``, the learner's thread (the same batches, no overlap);
-            ``"auto"`` (default), inline until the replay work is at least
-            ``AUTO_WORKER_SHARE`` of the learner's step (measured over
-            ``AUTO_WINDOW`` steps), then the thread. Batches are the same in
-            every mode: only the speed differs.
+        worker: where the schedule's work runs: ``"native"``, a C++ thread
+            without the GIL (C++ tree and host storage only: ``ValueError``
+            elsewhere); ``"thread"``, a Python worker thread; ``"inline"``, the
+            learner's thread (the same batches, no overlap); ``"auto"``
+            (default), native where it applies, else inline until the replay
+            work is at least ``AUTO_WORKER_SHARE`` of the learner's step
+            (measured over ``AUTO_WINDOW`` steps), then the Python thread.
+            Batches are the same in every mode: only the speed differs.
 
     The learner's loop is unchanged: ``sample`` -> train -> ``update_priorities``;
     ``sample`` returns a prepared batch and ``update_priorities`` returns at once.
@@ -149,8 +178,16 @@ class RelaxedReplay:
             staleness = StalenessOptions(staleness, prefetch, worker)
         #: The schedule's options (validated once, by :class:`~hetero_replay.options.StalenessOptions`).
         self.schedule_options = staleness
+        native = staleness.worker in ("auto", "native") and replay.native_parts() is not None
+        if staleness.worker == "native" and not native:
+            raise ValueError(
+                "worker='native' needs the C++ tree (tree='native') and host storage serving NumPy batches; "
+                f"this buffer has {type(replay.tree).__name__} and {type(replay.storage).__name__}"
+                f"{'' if replay.device is None else f' serving {replay.device}'}: use worker='auto'"
+            )
         self.replay = replay
-        self._core = _Pipeline(replay, staleness) if staleness.staleness else None
+        core = _NativePipeline if native else _Pipeline
+        self._core = core(replay, staleness) if staleness.staleness else None
         if self._core is not None:
             # The worker holds the core, never this object: collecting this object stops it.
             weakref.finalize(self, self._core.stop)
@@ -185,7 +222,10 @@ class RelaxedReplay:
         self._core.update(indices, td_errors)
 
     def add(self, batch: Any) -> np.ndarray:
-        """Append transitions (:meth:`PrioritizedReplay.add`); the next sample sees them."""
+        """Append transitions (:meth:`PrioritizedReplay.add`); batches released after it see them.
+
+        Batches drawn ahead stay as drawn (see the module docstring).
+        """
         if self._core is None:
             return self.replay.add(batch)
         return self._core.write(self.replay.add, batch)
@@ -354,12 +394,18 @@ class RelaxedReplay:
 
 
 class _Pipeline:
-    """The schedule's state and its worker thread (see the module docstring).
+    """The schedule's state and its Python executor: the learner's thread, or a worker thread.
 
     Everything runs under one lock: the worker holds it for one job at a time
     (apply one update, or draw one batch), the learner for each call. The
     learner never waits on the worker otherwise: if the batch it asks for is
     not drawn yet, it draws it itself.
+
+    **Released work.** Serving the batch of step ``t`` releases the draws of
+    steps up to ``t + depth``, each after the held-back updates it must see.
+    That work is defined by the state right after the serve: a learner call
+    that changes the state (a write, a flush) first completes it, on its own
+    thread if the worker has not (``_complete_released``).
     """
 
     _live: weakref.WeakSet[_Pipeline] = weakref.WeakSet()
@@ -375,8 +421,8 @@ class _Pipeline:
         self.lock = ForkSafeLock(PIPELINE)
         self.cond = threading.Condition(self.lock)  # type: ignore[arg-type]
         self.schedule = Schedule(options.staleness)
-        self.batch_size: int | None = None  # of the latest sample: what the worker draws
-        self.hold = True  # no drawing ahead until the learner samples again (after a write)
+        self.batch_size: int | None = None  # of the latest sample: what the released draws draw
+        self.hold = True  # nothing released until the learner samples (again, after a flush or a failed draw)
         self.ready: deque[_Drawn] = deque()
         # The worker draws (and reads rows) without holding `lock`, so a learner whose batch is ready
         # never waits behind a slow read; what changes the buffer's state waits for the draw instead.
@@ -397,26 +443,27 @@ class _Pipeline:
     def sample(self, n: int, beta: float) -> Sample:
         start = time.perf_counter()
         with self.lock:
-            self._raise_error(self.schedule.seen_by_next)  # an update this batch needs failed
+            self._raise_worker_error()
             if not (self.ready and self.ready[0].batch_size == n):
                 self._quiesce()  # the batch may be the one being drawn, or the state is about to change
-            if self.ready and self.ready[0].batch_size != n:
-                self._rollback()
-            if self.ready:
-                drawn = self.ready.popleft()
-            else:
+            drawn = self._next_ready()
+            if drawn is not None and drawn.batch_size != n:
+                self._rollback()  # another batch size: the batches drawn ahead are drawn again
+                drawn = None
+            self._raise_error(self.schedule.seen_by_next)  # an update this batch needs failed
+            if drawn is None:
                 self._catch_up()
                 self._raise_error(self.schedule.seen_by_next)
                 drawn = _Drawn(self.schedule.served, self.replay.sample(n, 1.0), n, None, self.replay.write_epoch)
+            else:
+                self.ready.popleft()
             self.schedule.serve(drawn.epoch)
             self.batch_size, self.hold = n, False
             while self.undo and self.undo[0].update.step <= self.schedule.seen_by_next:
                 self.undo.pop(0)  # needed by the batch of the next step: no longer ahead of the schedule
             if self.mode == "auto" and not self.threaded:
                 self._measure(start)
-            if self.threaded:
-                self._start_worker()
-                self.cond.notify()
+            self._release()
         batch = self.streams.receive(drawn)
         if beta == drawn.beta:
             weights = drawn.weights  # the worker raised them to this beta already
@@ -432,32 +479,31 @@ class _Pipeline:
         event = self.streams.mark(td)
         with self.lock:
             self._raise_worker_error()
-            # No wake-up: the worker applies it when the next sample lets it draw the batch that needs it,
-            # so the learner's next sample never waits behind an update only a later batch needs.
+            # No wake-up: the update is applied with the draw that needs it, which a later sample releases.
             self.schedule.record(idx, td, event)
 
     def write(self, fn: Any, *args: Any, discard_updates: bool = False) -> Any:
-        """Run a write of the wrapped buffer at the schedule's point for the next step."""
+        """Run a write of the wrapped buffer after the work the schedule released (batches drawn ahead stay)."""
         with self.lock:
-            self._quiesce()
+            self._complete_released()
             if discard_updates:
                 self._rollback()
                 self.schedule.clear()
                 self.errors.clear()
+                self.hold = True
             else:
-                self._catch_up()
-                self._raise_error(self.schedule.seen_by_next)
-            self.hold = True
+                self.undo.clear()  # applied before this write: a later redraw does not undo them
             result = fn(*args)
             if discard_updates:
                 # Every slot now holds another transition: an update of a batch drawn before is dropped.
                 self.replay.track_writes()  # (a fresh Priorities)
                 self.schedule.epoch = -1
+                self._rebuilt()
             return result
 
     def flush(self) -> None:
         with self.lock:
-            self._quiesce()
+            self._complete_released()
             self._catch_up()
             while (update := self.schedule.next()) is not None:
                 self._apply(update, ahead=False)
@@ -466,14 +512,14 @@ class _Pipeline:
 
     def sync(self) -> None:
         with self.lock:
-            self._quiesce()
+            self._complete_released()
             self._catch_up()
             self.hold = True
 
     def _measure(self, start: float) -> None:
-        """``worker="auto"``: time the replay work done on the learner's thread; start the worker once it pays.
+        """``worker="auto"`` without a native executor: time the replay work done on the learner's thread.
 
-        Handing work to another thread costs each step a few GIL hand-overs
+        Handing work to a Python thread costs each step a few GIL hand-overs
         (tens of microseconds); it pays once the replay work it takes off the
         learner is a sizeable share of the learner's step.
         """
@@ -502,6 +548,27 @@ class _Pipeline:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
+    # -- the executor: where released work runs (the native executor overrides these) ---------------
+
+    def _next_ready(self) -> _Drawn | None:
+        """The next batch drawn ahead, if any (left in ``ready``)."""
+        return self.ready[0] if self.ready else None
+
+    def _release(self) -> None:
+        """After a serve: let the worker draw the released batches (inline: the next call completes them)."""
+        if self.threaded:
+            self._start_worker()
+            self.cond.notify()
+
+    def _complete_released(self) -> None:
+        """Finish the work the schedule released (on this thread where the worker has not done it)."""
+        self._quiesce()
+        while (job := self._next_job()) is not None:
+            job()
+
+    def _rebuilt(self) -> None:
+        """The wrapped buffer's state was replaced (load_state_dict)."""
+
     # -- the schedule ------------------------------------------------------------------------
 
     def _quiesce(self) -> None:
@@ -516,7 +583,7 @@ class _Pipeline:
             self._apply(update, ahead=False)
 
     def _rollback(self) -> None:
-        """Discard batches drawn ahead, and undo the updates applied for them (newest first)."""
+        """Discard batches drawn ahead, and undo the updates applied for them since the last write (newest first)."""
         for applied in reversed(self.undo):
             if applied.snapshot is not None:
                 self.replay.restore_priorities(applied.snapshot)
@@ -545,14 +612,20 @@ class _Pipeline:
         if ahead:
             self.undo.append(_Applied(update, snapshot, dropped))
 
+    def _released_step(self) -> int | None:
+        """The step of the next released batch still to draw, or ``None``."""
+        j = self.schedule.served + len(self.ready)
+        if self.hold or self.batch_size is None or j >= self.schedule.served + self.depth or len(self.replay) == 0:
+            return None
+        return j
+
     def _next_job(self) -> Any:
-        """The worker's next job, in schedule order, or ``None`` when it must wait."""
-        j = self.schedule.served + len(self.ready)  # the step of the next batch to draw
+        """The next job of the released work, in schedule order, or ``None`` when there is none."""
+        if self.drawing or (j := self._released_step()) is None:
+            return None
         update = self.schedule.due(j)
         if update is not None:
             return lambda: self._apply(update, ahead=update.step > self.schedule.seen_by_next)
-        if self.hold or self.batch_size is None or len(self.ready) >= self.depth or len(self.replay) == 0:
-            return None
         return lambda: self._draw(j)
 
     def _draw(self, step: int) -> None:
@@ -635,6 +708,175 @@ class _Pipeline:
             self.drawing = False
 
 
+@dataclass
+class _Job:
+    """A released batch handed to the native executor: the updates it applies first, and its output slot."""
+
+    updates: list[tuple[PendingUpdate, np.ndarray | None, np.ndarray | None]]  # (update, undo indices, undo leaves)
+    outputs: list[np.ndarray]  # indices, weights, one array per field
+    names: list[str]
+    done: bool = False  # collected
+
+
+class _NativePipeline(_Pipeline):
+    """The schedule run by the native executor (:class:`hetero_replay._native.Executor`): no Python, no GIL.
+
+    Serving a batch releases the next ones as whole jobs (the updates they
+    must see, uniforms drawn here from the buffer's generator, an output slot);
+    the executor's thread runs them in order while the learner trains, and the
+    learner collects each when it needs it. Batches are those of the Python
+    executor bit for bit: the same updates in the same order, the same
+    uniforms, the same tree and gather code.
+
+    **Slots.** A ring of ``2 * depth + 1`` preallocated arrays per field: the
+    arrays of a served batch are rewritten by the draw the learner's
+    ``depth + 1``-th next sample releases, so they stay valid until then.
+    """
+
+    def __init__(self, replay: PrioritizedReplay, options: StalenessOptions) -> None:
+        super().__init__(replay, options)
+        self.threaded = True
+        self.slots: list[list[np.ndarray] | None] = [None] * (2 * self.depth + 1)
+        self.next_slot = 0
+        self._rebuilt()
+
+    def _rebuilt(self) -> None:
+        parts = self.replay.native_parts()
+        assert parts is not None
+        tree, fields, written_at = parts
+        old = getattr(self, "executor", None)
+        if old is not None:
+            old.stop()
+        self.executor = _native.Executor(tree, fields, written_at)
+        self.fields = [(name, f.shape, f.dtype) for name, f in self.replay.schema.items()]
+        self.slots = [None] * len(self.slots)
+
+    def update(self, indices: Any, td_errors: Any) -> None:
+        idx, td = _host_update(indices, td_errors)
+        with self.lock:
+            self.schedule.record(idx, td)
+
+    def _next_ready(self) -> _Drawn | None:
+        while self.ready and self.ready[0].job is not None and not self.ready[0].job.done:
+            self._collect(0)  # a failed draw leaves ready shorter
+        return self.ready[0] if self.ready else None
+
+    def _release(self) -> None:
+        while (j := self._released_step()) is not None:
+            self._submit(j)
+
+    def _released_step(self) -> int | None:
+        j = self.schedule.served + len(self.ready)
+        if self.hold or self.batch_size is None or j >= self.schedule.served + self.depth or len(self.replay) == 0:
+            return None
+        return j
+
+    def _complete_released(self) -> None:
+        i = 0
+        while i < len(self.ready):
+            job = self.ready[i].job
+            if job is not None and not job.done:
+                self._collect(i)
+            i += 1
+
+    def _quiesce(self) -> None:
+        self._complete_released()
+
+    def _submit(self, step: int) -> None:
+        """Hand the draw of ``step`` and the updates due for it to the executor."""
+        assert self.batch_size is not None
+        n = self.batch_size
+        updates = []
+        tree_dtype = self.replay.tree.dtype
+        while (update := self.schedule.due(step)) is not None:
+            if update.step > self.schedule.seen_by_next:  # ahead of the batch served next: keep its undo
+                k = len(update.indices)
+                updates.append((update, np.empty(k, np.int64), np.empty(k, tree_dtype)))
+            else:
+                updates.append((update, None, None))
+        rng = self.replay.rng
+        state = rng.bit_generator.state
+        uniforms = rng.random(n)
+        outputs = self._slot(n)
+        job = _Job(updates, outputs, [name for name, _, _ in self.fields])
+        limit = self.replay.filled
+        self.executor.submit(
+            [(u.indices, u.td_errors, u.epoch, ui, ul) for u, ui, ul in updates],
+            uniforms,
+            outputs,
+            self.replay.priorities.stratified,
+            self.replay.alpha,
+            self.replay.eps,
+            limit,
+        )
+        self.ready.append(_Drawn(step, None, n, state, self.replay.write_epoch, job=job))  # type: ignore[arg-type]
+
+    def _slot(self, n: int) -> list[np.ndarray]:
+        """The next slot of the ring, holding ``n`` rows."""
+        i = self.next_slot
+        self.next_slot = (i + 1) % len(self.slots)
+        slot = self.slots[i]
+        if slot is None or len(slot[0]) != n:
+            slot = [np.empty(n, np.int64), np.empty(n, np.float32)]
+            slot += [np.empty((n, *shape), dtype) for _, shape, dtype in self.fields]
+            self.slots[i] = slot
+        return slot
+
+    def _collect(self, i: int) -> None:
+        """Wait for the job of ``ready[i]`` (all before it are collected) and take in its results."""
+        drawn = self.ready[i]
+        job = drawn.job
+        assert job is not None
+        results, draw_error = self.executor.collect()
+        job.done = True
+        priorities = self.replay.priorities
+        for (update, undo_idx, undo_leaves), (dropped, kept, max_raw, error) in zip(job.updates, results):
+            if error is not None:
+                self.errors.append((update.step, _native_error(error)))
+                continue
+            snapshot = None
+            if undo_idx is not None:
+                snapshot = PrioritySnapshot(undo_idx[:kept], undo_leaves[:kept], priorities.max_priority)
+            priorities.note_update(max_raw)
+            self.dropped += dropped
+            if undo_idx is not None:
+                self.undo.append(_Applied(update, snapshot, dropped))
+        if draw_error is not None:  # as the Python executor: nothing is drawn after a failed draw
+            self._abandon_after(i)
+            return
+        idx, weights, *fields = job.outputs
+        drawn.batch = Sample(dict(zip(job.names, fields)), idx, weights)
+        drawn.weights, drawn.beta = weights, 1.0
+
+    def _abandon_after(self, i: int) -> None:
+        """``ready[i]``'s draw failed: drop it, and undo the jobs after it as if they had never run.
+
+        (The Python executor draws nothing after a failed draw; the learner's own draw raises.)
+        """
+        for later in list(self.ready)[i + 1 :]:
+            if later.job is not None and not later.job.done:
+                self._collect(self.ready.index(later))
+        later_jobs = [d.job for d in list(self.ready)[i + 1 :] if d.job is not None]
+        took = [update for job in later_jobs for update, _, _ in job.updates]
+        ids, steps = {id(u) for u in took}, {u.step for u in took}
+        for applied in reversed(self.undo):
+            if id(applied.update) in ids:
+                assert applied.snapshot is not None
+                self.replay.restore_priorities(applied.snapshot)
+                self.dropped -= applied.dropped
+        self.undo = [a for a in self.undo if id(a.update) not in ids]
+        self.errors = [(step, e) for step, e in self.errors if step not in steps]
+        self.schedule.put_back(took)
+        self.replay.rng.bit_generator.state = self.ready[i].rng_state
+        while len(self.ready) > i:
+            self.ready.pop()
+        self.hold = True
+
+    def stop(self) -> None:
+        self.executor.stop()
+        super().stop()
+
+
 def _relay(e: Exception, message: str) -> NoReturn:
     """Raise ``message`` from the worker's error ``e``: as its own type where callers catch that, else RuntimeError."""
     if isinstance(e, OSError):  # a full disk, a lost device: the errno and the file stay
@@ -651,6 +893,36 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _native_error(error: tuple[int, str]) -> Exception:
+    """The exception a native job's ``(kind, message)`` stands for: what the engine would have raised."""
+    kind, message = error
+    return ValueError(message) if kind == 1 else IndexError(message) if kind == 2 else RuntimeError(message)
+
+
+def _host_update(indices: Any, td_errors: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of an update's arrays as the native executor reads them: 1-D int64 indices, float64 TD errors.
+
+    Arrays that cannot be (not 1-D, not integers / real numbers, lengths
+    that differ) are refused here, naming the argument, before anything is queued.
+    """
+    out = []
+    for x, name, kinds, dtype in ((indices, "indices", "iu", np.int64), (td_errors, "td_errors", "fiu", np.float64)):
+        if hasattr(x, "detach"):
+            x = x.detach().cpu().numpy()
+        arr = np.asarray(x)
+        if arr.ndim != 1:
+            raise ValueError(f"update_priorities: {name} must be 1-D, got {arr.ndim}-D")
+        if arr.size and arr.dtype.kind not in kinds:
+            raise TypeError(
+                f"update_priorities: {name} must be {'integers' if kinds == 'iu' else 'real numbers'}, "
+                f"got dtype {arr.dtype}"
+            )
+        out.append(np.array(arr, dtype, copy=True))
+    if len(out[0]) != len(out[1]):
+        raise ValueError(f"update_priorities: {len(out[0])} indices but {len(out[1])} TD errors")
+    return out[0], out[1]
 
 
 def _copy(x: Any) -> Any:

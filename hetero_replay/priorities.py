@@ -154,6 +154,15 @@ class Priorities:
         """Number of writes so far (while :meth:`track_writes` is on): the epoch a batch drawn now carries."""
         return self._epoch
 
+    @property
+    def written_at(self) -> np.ndarray | None:
+        """Per slot, the epoch of its last write (``None`` until :meth:`track_writes`); read it, never write it.
+
+        The same array for the life of this object (written in place), so a
+        native executor may read it directly.
+        """
+        return self._written_at
+
     def _wrote(self, indices: Any) -> None:
         if self._written_at is not None:
             self._epoch += 1
@@ -219,7 +228,13 @@ class Priorities:
         """
         if filled_only:
             self.check_filled(indices)
-        max_raw = self.tree.update_td(indices, td_errors, self._alpha, self._eps, limit)
+        self.note_update(self.tree.update_td(indices, td_errors, self._alpha, self._eps, limit))
+
+    def note_update(self, max_raw: float) -> None:
+        """Fold the ``max(|td| + eps)`` of an update the tree accepted into :attr:`max_priority`.
+
+        :meth:`update` calls it; so does an executor that updated the tree itself.
+        """
         if max_raw > self._max_priority:
             self._max_priority = max_raw
 

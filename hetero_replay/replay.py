@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from hetero_replay import _native
 from hetero_replay.checks import check_batch_size, check_int, check_seed, is_int
 from hetero_replay.forksafe import INNER, ForkSafeLock
 from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions, check_beta
@@ -38,6 +39,7 @@ from hetero_replay.storage import (
     DEFAULT_STORAGE,
     DeviceStorage,
     DurableStorage,
+    HostStorage,
     RingStorage,
     Schema,
     Storage,
@@ -461,6 +463,22 @@ class PrioritizedReplay:
             if self._batches is not None:
                 indices, td_errors = self._batches.tree_inputs(indices, td_errors)
             return self.priorities.update_since(indices, td_errors, epoch, limit, keep_undo)
+
+    def native_parts(self) -> tuple[Any, list[np.ndarray], np.ndarray | None] | None:
+        """``(tree, field arrays, write epochs)`` for a native executor, or ``None`` where one cannot serve this buffer.
+
+        A native executor (:class:`hetero_replay._native.Executor`) runs the
+        relaxed pipeline's jobs with no Python: it needs the C++ tree, rows in
+        host memory it may gather from directly (the fields' strided arrays,
+        in schema order) and :attr:`Priorities.written_at`. ``None`` for other
+        trees, for batches delivered as tensors, and for ring and disk
+        storages (their reads check stamps and CRCs, which are Python).
+        """
+        if self._batches is not None or self._ring is not None or self._durable is not None:
+            return None
+        if not isinstance(self.tree, _native.SumTree) or not isinstance(self.storage, HostStorage):
+            return None
+        return self.tree, [self.storage.view(name) for name in self.schema], self.priorities.written_at
 
     def lift_max_priority(self, value: float) -> None:
         """Raise :attr:`max_priority` to at least ``value`` (see :meth:`Priorities.lift_max`); nothing changes on error."""

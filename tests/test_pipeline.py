@@ -133,27 +133,53 @@ def add_plan(steps: int, every: int, n: int) -> list[int]:
 
 
 def reference_run(
-    replay: PrioritizedReplay, k: int, initial: int, adds: list[int], batch_size: int, record_draws: bool = False
+    replay: PrioritizedReplay,
+    k: int,
+    initial: int,
+    adds: list[int],
+    batch_size: int,
+    record_draws: bool = False,
+    depth: int = 1,
 ) -> dict[str, Any]:
-    """The schedule with staleness ``k``, serially, on a plain buffer (see the module docstring of pipeline)."""
+    """The schedule with staleness ``k``, serially, on a plain buffer (see the module docstring of pipeline).
+
+    Serving the batch of step ``t`` releases the batches of steps up to ``t + d`` (``d = min(depth, k)``):
+    each is drawn right then, after the updates of steps ``<= step - k - 1``, so rows added after that
+    serve are not in it (they are in the batches released later).
+    """
+    d = min(depth, k)
     replay.track_writes()
     replay.add(rows(initial))
     added = initial
     rng = np.random.default_rng(123)
     queue: deque[tuple[int, np.ndarray, np.ndarray, int]] = deque()
+    drawn: dict[int, tuple[Any, int, Any]] = {}  # step -> (batch, epoch, draw record)
     batches, draws, dropped = [], [], 0
-    for t, n in enumerate(adds):
-        while queue and queue[0][0] <= t - k - 1:
+
+    def draw(step: int) -> None:
+        nonlocal dropped
+        while queue and queue[0][0] <= step - k - 1:
             _, idx, td, epoch = queue.popleft()
             dropped += replay.update_priorities_since(idx, td, epoch)[0]
+        record = None
+        if record_draws:
+            leaves = replay.priorities.leaves()
+            record = (leaves, float(leaves[: len(replay)].min()))
+        epoch = replay.write_epoch
+        drawn[step] = (replay.sample(batch_size, 1.0), epoch, record)
+
+    for t, n in enumerate(adds):
         if n:
             replay.add(rows(n, added))
             added += n
-        epoch = replay.write_epoch
+        if t not in drawn:
+            draw(t)
+        b, epoch, record = drawn.pop(t)
         if record_draws:
-            leaves = replay.priorities.leaves()
-            draws.append((leaves, float(leaves[: len(replay)].min())))
-        b = replay.sample(batch_size, 1.0)
+            draws.append(record)
+        for step in range(t + 1, t + 1 + d):  # released by this serve
+            if step not in drawn:
+                draw(step)
         beta = BETAS[t % len(BETAS)]
         batches.append((b.indices.copy(), b.weights**beta, {f: a.copy() for f, a in b.data.items()}))
         queue.append((t, b.indices.copy(), td_errors(b, rng), epoch))
@@ -215,13 +241,20 @@ def assert_same_run(got: dict, want: dict) -> None:
 # -- 1. the schedule equals the serial reference ----------------------------------------------------
 
 
-@pytest.mark.parametrize("worker", ["thread", "inline"])
-@pytest.mark.parametrize("tree", TREES)
+def executors(tree: str) -> list[str]:
+    """The executors that can run a buffer on ``tree``: the native one needs the C++ tree."""
+    return ["thread", "inline", *(["native"] if tree == "native" else [])]
+
+
+TREE_WORKERS = [(tree, worker) for tree in TREES for worker in executors(tree)]
+
+
+@pytest.mark.parametrize("tree, worker", TREE_WORKERS)
 @pytest.mark.parametrize("adds_every", [0, 3], ids=["no-adds", "adds"])
 @pytest.mark.parametrize("k, prefetch", [(1, 1), (2, 1), (2, 2), (4, 4), (8, 3)])
 def test_batches_and_priorities_equal_the_serial_schedule(relaxed, tree, adds_every, k, prefetch, worker):
     adds = add_plan(40, adds_every, 8)
-    want = reference_run(make(256, tree), k, 48, adds, 32)
+    want = reference_run(make(256, tree), k, 48, adds, 32, depth=prefetch)
     got = learner_run(relaxed(make(256, tree), k, prefetch, worker), 48, adds, 32)
     assert_same_run(got, want)
     assert got["dropped"] == 0  # nothing wraps here
@@ -230,12 +263,11 @@ def test_batches_and_priorities_equal_the_serial_schedule(relaxed, tree, adds_ev
     assert any(not np.array_equal(a[0], b[0]) for a, b in zip(want["batches"], strict["batches"]))
 
 
-@pytest.mark.parametrize("worker", ["thread", "inline"])
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree, worker", TREE_WORKERS)
 @pytest.mark.parametrize("k, prefetch", [(2, 1), (4, 4)])
 def test_a_wrapping_buffer_drops_exactly_the_late_updates_the_schedule_drops(relaxed, tree, k, prefetch, worker):
     adds = [8] * 30  # 8 of 64 slots rewritten every step while k steps of updates are queued
-    want = reference_run(make(64, tree), k, 64, adds, 16)
+    want = reference_run(make(64, tree), k, 64, adds, 16, depth=prefetch)
     got = learner_run(relaxed(make(64, tree), k, prefetch, worker), 64, adds, 16)
     assert_same_run(got, want)
     assert got["dropped"] > 0
@@ -244,7 +276,7 @@ def test_a_wrapping_buffer_drops_exactly_the_late_updates_the_schedule_drops(rel
 def test_auto_worker_mode_serves_the_schedules_batches_before_and_after_it_picks_a_thread(relaxed):
     # 80 steps: past the measuring window, after which "auto" may move the work to the thread (timing decides)
     adds = add_plan(80, 5, 8)
-    want = reference_run(make(512), 2, 48, adds, 32)
+    want = reference_run(make(512), 2, 48, adds, 32, depth=2)
     got = learner_run(relaxed(make(512), 2, 2, "auto"), 48, adds, 32)
     assert_same_run(got, want)
 
@@ -869,7 +901,7 @@ def test_setting_eps_first_applies_queued_updates_with_the_old_eps(relaxed):
 @pytest.mark.parametrize("k, prefetch", [(1, 1), (3, 2)])
 def test_weights_use_the_draw_time_priorities_and_the_sample_calls_beta(relaxed, k, prefetch):
     adds = add_plan(30, 4, 8)
-    want = reference_run(make(256), k, 48, adds, 32, record_draws=True)
+    want = reference_run(make(256), k, 48, adds, 32, record_draws=True, depth=prefetch)
     got = learner_run(relaxed(make(256), k, prefetch), 48, adds, 32)
     for t, ((idx, weights, _), (leaves, p_min)) in enumerate(zip(got["batches"], want["draws"])):
         beta = BETAS[t % len(BETAS)]

@@ -37,7 +37,7 @@ from hetero_replay.adapters.sb3 import PERDQN, PERSAC, PrioritizedReplayBuffer  
 from hetero_replay.apps.cli import main  # noqa: E402
 from hetero_replay.apps.compare import driver  # noqa: E402
 from hetero_replay.apps.compare.base import RunResult, RunSpec  # noqa: E402
-from hetero_replay.pipeline import RelaxedReplay  # noqa: E402
+from hetero_replay.pipeline import RelaxedReplay, _NativePipeline, _Pipeline  # noqa: E402
 
 PIPELINE_THREAD = "hetero-replay-pipeline"
 
@@ -210,23 +210,36 @@ def add_rows(buf: PrioritizedReplayBuffer, rows: int, start: int = 0) -> None:
         buf.add(obs, obs + 1, np.array([r % 2]), np.array([1.0], np.float32), np.array([False]), [{}])
 
 
-def test_reset_stops_the_old_buffers_worker_and_leaves_an_empty_usable_buffer() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["native-executor", "python-thread"])
+def test_reset_stops_the_old_buffers_worker_and_leaves_an_empty_usable_buffer(native: bool) -> None:
     buf = PrioritizedReplayBuffer(64, OBS, ACT, device="cpu", seed=0, staleness=2)
     add_rows(buf, 40)
     core = buf.replay._core
-    core.mode, core.threaded = "thread", True  # the worker thread, whatever worker="auto" would measure
+    assert isinstance(core, _NativePipeline)  # worker="auto" on the C++ tree and host storage
+    if not native:
+        core.stop()
+        core = buf.replay._core = _Pipeline(buf.replay.replay, buf.replay.schedule_options)
+        core.mode, core.threaded = "thread", True  # the Python worker thread
     for _ in range(6):
         s = buf.sample(8)
         buf.update_priorities(s.indices, np.linspace(0.1, 2.0, 8))
-    old_thread = core.thread
-    assert old_thread is not None and old_thread.name == PIPELINE_THREAD and old_thread.is_alive()
+    if native:
+        assert core.executor.thread_alive
+
+        def alive() -> bool:
+            return bool(core.executor.thread_alive)
+    else:
+        old_thread = core.thread
+        assert old_thread is not None and old_thread.name == PIPELINE_THREAD and old_thread.is_alive()
+
+        def alive() -> bool:
+            return old_thread.is_alive() or old_thread in threading.enumerate()
 
     buf.reset()
     deadline = time.monotonic() + 5.0
-    while old_thread.is_alive() and time.monotonic() < deadline:
+    while alive() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not old_thread.is_alive()
-    assert old_thread not in threading.enumerate()
+    assert not alive()
     assert buf.size() == 0 and not buf.full and buf.pos == 0
     assert isinstance(buf.replay, RelaxedReplay) and buf.replay.staleness == 2 and buf.replay._core is not core
 

@@ -1,0 +1,197 @@
+// hetero_replay._native.Executor: the relaxed pipeline's native executor (csrc/hetero_replay/executor.hpp).
+//
+// Python hands over whole jobs (the updates' index and TD-error arrays, the
+// uniforms of the draw, the output slot's arrays) and collects them in order.
+// Each job's arrays stay referenced here until it is collected, so the native
+// thread, which never touches a Python object, always writes into live memory.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hetero_replay/executor.hpp"
+#include "released_gil.hpp"
+
+namespace py = pybind11;
+
+namespace hetero_replay {
+SumTreeBase& native_tree_of(py::handle tree);  // csrc/bindings.cpp
+}  // namespace hetero_replay
+
+using namespace hetero_replay;
+
+namespace {
+
+// A C-contiguous array of dtype T with at least n entries: its data, or ValueError naming `what`.
+template <typename T>
+T* checked(const py::handle& obj, int64_t n, const char* what) {
+  if (!py::isinstance<py::array>(obj)) throw py::type_error(std::string(what) + " must be a numpy array");
+  py::array a = py::reinterpret_borrow<py::array>(obj);
+  if (!(a.flags() & py::array::c_style) || !a.dtype().is(py::dtype::of<T>()) || a.size() < n)
+    throw py::value_error(std::string(what) + ": expected a C-contiguous " +
+                          py::str(py::dtype::of<T>()).cast<std::string>() + " array of at least " +
+                          std::to_string(n) + " entries");
+  return static_cast<T*>(a.mutable_data());
+}
+
+py::object error_of(JobError kind, const std::string& message) {
+  if (kind == JobError::kNone) return py::none();
+  return py::make_tuple(static_cast<int>(kind), message);
+}
+
+class PyExecutor {
+ public:
+  PyExecutor(py::object tree, const py::list& fields, py::object written_at) : tree_(std::move(tree)) {
+    JobContext context;
+    context.tree = &native_tree_of(tree_);
+    context.capacity = context.tree->capacity();
+    for (py::handle h : fields) {
+      if (!py::isinstance<py::array>(h)) throw py::type_error("Executor fields must be numpy arrays");
+      py::array a = py::reinterpret_borrow<py::array>(h);
+      if (a.ndim() < 1 || a.shape(0) != context.capacity)
+        throw py::value_error("Executor fields need one row per tree slot");
+      int64_t bytes = a.itemsize();
+      for (py::ssize_t d = a.ndim() - 1; d >= 1; --d) {
+        if (a.shape(d) > 1 && a.strides(d) != bytes)
+          throw py::value_error("Executor: the rows of each field must be contiguous");
+        bytes *= a.shape(d);
+      }
+      sources_.push_back(a);
+      context.fields.push_back({static_cast<const char*>(a.data()), a.strides(0), bytes});
+    }
+    if (!written_at.is_none()) {
+      context.written_at = checked<int64_t>(written_at, context.capacity, "written_at");
+      written_at_ = written_at;
+    }
+    for (const RowField& f : context.fields) fields_.push_back(f.bytes);
+    value_bytes_ = context.tree->value_bytes();
+    executor_ = std::make_unique<Executor>(std::move(context));
+  }
+
+  ~PyExecutor() { executor_.reset(); }  // joins the thread first; it never takes the GIL
+
+  // updates: [(indices int64, td float64, epoch, undo_indices int64 or None, undo_leaves or None)].
+  // outputs: [indices int64, weights float32, field 0, field 1, ...] for len(uniforms) rows, or None.
+  void submit(const py::list& updates, py::object uniforms, py::object outputs, bool stratified, double alpha,
+              double eps, int64_t limit) {
+    Submitted s{std::make_unique<Job>(), {}};
+    Job& job = *s.job;
+    job.alpha = alpha;
+    job.eps = eps;
+    job.limit = limit;
+    for (py::handle h : updates) {
+      py::tuple t = py::reinterpret_borrow<py::tuple>(h);
+      if (t.size() != 5)
+        throw py::value_error(
+            "Executor.submit: an update is (indices, td, epoch, undo_indices, undo_leaves)");
+      py::array idx = py::reinterpret_borrow<py::array>(t[0]);
+      UpdateTask u;
+      u.n = idx.size();
+      u.idx = checked<int64_t>(t[0], u.n, "update indices");
+      u.td = checked<double>(t[1], u.n, "update td_errors");
+      if (py::reinterpret_borrow<py::array>(t[1]).size() != u.n)
+        throw py::value_error("Executor.submit: indices and td_errors differ in length");
+      u.epoch = t[2].cast<int64_t>();
+      if (!t[3].is_none()) {
+        u.undo_idx = checked<int64_t>(t[3], u.n, "undo indices");
+        const bool f64 = value_bytes_ == 8;
+        u.undo_leaves = f64 ? static_cast<void*>(checked<double>(t[4], u.n, "undo leaves"))
+                            : static_cast<void*>(checked<float>(t[4], u.n, "undo leaves"));
+      }
+      job.updates.push_back(std::move(u));
+      s.keep.push_back(py::reinterpret_borrow<py::object>(h));
+    }
+    if (!uniforms.is_none()) {
+      DrawTask& d = job.draw;
+      d.n = py::reinterpret_borrow<py::array>(uniforms).size();
+      d.uniforms = checked<double>(uniforms, d.n, "uniforms");
+      d.stratified = stratified;
+      py::list out = outputs.cast<py::list>();
+      if (static_cast<size_t>(py::len(out)) != 2 + fields_.size())
+        throw py::value_error("Executor.submit: outputs are indices, weights and one array per field");
+      d.idx_out = checked<int64_t>(out[0], d.n, "output indices");
+      d.weight_out = checked<float>(out[1], d.n, "output weights");
+      for (size_t f = 0; f < fields_.size(); ++f) {
+        py::handle o = out[2 + f];
+        if (!py::isinstance<py::array>(o)) throw py::type_error("Executor outputs must be numpy arrays");
+        py::array a = py::reinterpret_borrow<py::array>(o);
+        if (!(a.flags() & py::array::c_style) || a.nbytes() < d.n * fields_[f])
+          throw py::value_error("Executor.submit: output field " + std::to_string(f) + " is too small");
+        d.field_out.push_back(static_cast<char*>(a.mutable_data()));
+      }
+      s.keep.push_back(uniforms);
+      s.keep.push_back(outputs);
+    }
+    Job* raw = s.job.get();
+    submitted_.push_back(std::move(s));
+    executor_->submit(raw);
+  }
+
+  // Waits (without the GIL) for the oldest job; returns ([(dropped, kept, max_raw, error)], draw error).
+  // An error is None or (kind, message): kind 1 ValueError, 2 IndexError, 3 other.
+  py::tuple collect() {
+    if (submitted_.empty()) throw std::runtime_error("Executor.collect: no job was submitted");
+    Job* job = submitted_.front().job.get();
+    {
+      ReleasedGil nogil;
+      executor_->wait(job);
+    }
+    py::list updates;
+    for (const UpdateTask& u : job->updates)
+      updates.append(py::make_tuple(u.dropped, u.kept, u.max_raw, error_of(u.error, u.message)));
+    py::object draw = error_of(job->draw.error, job->draw.message);
+    submitted_.pop_front();
+    return py::make_tuple(updates, draw);
+  }
+
+  void stop() {
+    ReleasedGil nogil;
+    executor_->stop();
+  }
+
+  size_t pending() const { return submitted_.size(); }
+  size_t finished() const {
+    size_t n = 0;
+    for (const Submitted& s : submitted_) n += executor_->done(s.job.get());
+    return n;
+  }
+  bool thread_alive() const { return executor_->thread_alive(); }
+
+ private:
+  struct Submitted {
+    std::unique_ptr<Job> job;
+    std::vector<py::object> keep;  // the arrays the job points into
+  };
+
+  py::object tree_;
+  std::vector<py::array> sources_;
+  py::object written_at_;
+  std::vector<int64_t> fields_;  // bytes of a row, per field
+  int value_bytes_ = 4;          // the tree's leaves: float32 or float64
+  std::unique_ptr<Executor> executor_;
+  std::deque<Submitted> submitted_;
+};
+
+}  // namespace
+
+void register_executor(py::module_& m) {
+  py::class_<PyExecutor>(m, "Executor", R"doc(
+The relaxed pipeline's native executor: runs jobs (apply queued priority updates with the
+epoch rule, draw a batch from given uniforms, gather its rows into given arrays) in
+submission order on its own thread, with no Python and no GIL.
+)doc")
+      .def(py::init<py::object, py::list, py::object>(), py::arg("tree"), py::arg("fields"),
+           py::arg("written_at"))
+      .def("submit", &PyExecutor::submit, py::arg("updates"), py::arg("uniforms"), py::arg("outputs"),
+           py::arg("stratified"), py::arg("alpha"), py::arg("eps"), py::arg("limit"),
+           "Queues one job; its arrays are kept until collect() returns it.")
+      .def("collect", &PyExecutor::collect, "Waits for the oldest job and returns its results.")
+      .def("stop", &PyExecutor::stop, "Ends the thread after its running job; later jobs run in collect().")
+      .def_property_readonly("pending", &PyExecutor::pending, "Jobs submitted and not collected yet.")
+      .def_property_readonly("finished", &PyExecutor::finished,
+                             "Jobs done and not collected yet (never waits).")
+      .def_property_readonly("thread_alive", &PyExecutor::thread_alive);
+}

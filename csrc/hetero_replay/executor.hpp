@@ -1,0 +1,318 @@
+// The relaxed pipeline's native executor: its jobs run on one std::thread, with no Python.
+//
+// A job is what the staleness schedule releases when the learner takes a batch:
+// apply the queued priority updates the next batch must see (dropping entries
+// whose slot was rewritten since their batch was drawn: the epoch rule), then
+// draw that batch from uniforms the caller drew from its generator, and gather
+// its rows into a preallocated output slot. The caller decides everything
+// (which updates, which uniforms, where the rows go); the executor only runs
+// jobs in submission order, so a job's result never depends on which thread
+// ran it or when.
+//
+// Fork: fork() copies only the calling thread. Before it, every executor waits
+// for its running job and starts no other (the child gets whole jobs only);
+// in the child the thread is gone, so waiting runs the queued jobs on the
+// waiting thread and the next submit starts a new thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include <pthread.h>
+
+#include "gather.hpp"
+#include "kary_tree.hpp"
+
+namespace hetero_replay {
+
+// What went wrong in a job's step: mapped to a Python exception type by the bindings.
+enum class JobError { kNone = 0, kValue = 1, kIndex = 2, kOther = 3 };
+
+// A queued priority update: (|td| + eps)^alpha at idx, for a batch drawn at write `epoch`.
+struct UpdateTask {
+  const int64_t* idx = nullptr;
+  const double* td = nullptr;
+  int64_t n = 0;
+  int64_t epoch = 0;
+  // Keep what undoes it (an update applied ahead of the batch served next): the
+  // kept indices and their leaves before the update, `n` entries of room each.
+  int64_t* undo_idx = nullptr;
+  void* undo_leaves = nullptr;
+  // Results.
+  int64_t dropped = 0;  // entries whose slot was rewritten after `epoch`
+  int64_t kept = 0;     // entries applied (and snapshotted, with undo)
+  double max_raw = 0.0;  // max(|td| + eps) of the kept entries
+  JobError error = JobError::kNone;  // then nothing changed
+  std::string message;
+};
+
+// A batch to draw: n uniforms in [0, 1) -> leaves, IS weights (beta 1), rows.
+struct DrawTask {
+  int64_t n = 0;  // 0: no draw
+  const double* uniforms = nullptr;
+  bool stratified = true;
+  int64_t* idx_out = nullptr;
+  float* weight_out = nullptr;
+  std::vector<char*> field_out;  // one per field, n * bytes each
+  JobError error = JobError::kNone;  // then the outputs are unspecified
+  std::string message;
+};
+
+struct Job {
+  std::vector<UpdateTask> updates;  // applied in order, before the draw
+  DrawTask draw;
+  double alpha = 1.0, eps = 0.0;
+  int64_t limit = 0;  // updates' indices must lie in [0, limit)
+  bool done = false;  // guarded by the executor's mutex
+};
+
+// What every job of one buffer reads and writes.
+struct JobContext {
+  SumTreeBase* tree = nullptr;
+  std::vector<RowField> fields;
+  const int64_t* written_at = nullptr;  // per slot, the write epoch of its last write (or null: none tracked)
+  int64_t capacity = 0;
+};
+
+namespace detail {
+
+inline JobError error_kind(const std::exception_ptr& e, std::string& message) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::out_of_range& x) {
+    message = x.what();
+    return JobError::kIndex;
+  } catch (const std::invalid_argument& x) {
+    message = x.what();
+    return JobError::kValue;
+  } catch (const std::exception& x) {
+    message = x.what();
+    return JobError::kOther;
+  }
+}
+
+inline void apply_update(const JobContext& c, const Job& job, UpdateTask& u) {
+  std::vector<int64_t> kept_idx;
+  std::vector<double> kept_td;
+  const int64_t* idx = u.idx;
+  const double* td = u.td;
+  int64_t n = u.n;
+  if (c.written_at) {  // the epoch rule: entries of slots written after the batch was drawn are dropped
+    for (int64_t i = 0; i < u.n; ++i) {
+      const int64_t s = u.idx[i];
+      if (s >= 0 && s < c.capacity && c.written_at[s] > u.epoch) ++u.dropped;
+    }
+    if (u.dropped) {
+      kept_idx.reserve(static_cast<size_t>(u.n - u.dropped));
+      kept_td.reserve(kept_idx.capacity());
+      for (int64_t i = 0; i < u.n; ++i) {
+        const int64_t s = u.idx[i];
+        if (!(s >= 0 && s < c.capacity && c.written_at[s] > u.epoch)) {
+          kept_idx.push_back(s);
+          kept_td.push_back(u.td[i]);
+        }
+      }
+      idx = kept_idx.data();
+      td = kept_td.data();
+      n = static_cast<int64_t>(kept_idx.size());
+    }
+  }
+  std::unique_lock<std::shared_mutex> lock(c.tree->mutex());
+  try {
+    if (u.undo_idx) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (idx[i] < 0 || idx[i] >= c.capacity)
+          throw std::out_of_range("index at position " + std::to_string(i) + " is " + std::to_string(idx[i]) +
+                                  ", outside [0, " + std::to_string(c.capacity) + ")");
+        u.undo_idx[i] = idx[i];
+      }
+      c.tree->get(idx, n, u.undo_leaves);
+    }
+    u.max_raw = c.tree->update_td(idx, td, n, job.alpha, job.eps, job.limit);
+    u.kept = n;
+  } catch (...) {
+    u.error = error_kind(std::current_exception(), u.message);
+    u.dropped = 0;  // a failed update changes nothing, and counts nothing
+  }
+}
+
+inline void draw_batch(const JobContext& c, DrawTask& d) {
+  try {
+    {
+      std::shared_lock<std::shared_mutex> lock(c.tree->mutex());
+      if (!(c.tree->total() > 0.0))
+        throw std::invalid_argument("the tree holds no priority mass (all priorities are 0)");
+      c.tree->sample(d.uniforms, d.n, d.stratified, 1.0, d.idx_out, d.weight_out);
+    }
+    gather_rows(c.fields, d.field_out, d.idx_out, d.n, d.n >= 1024 ? num_threads() : 1);
+  } catch (...) {
+    d.error = error_kind(std::current_exception(), d.message);
+  }
+}
+
+}  // namespace detail
+
+// Runs one job on the calling thread.
+inline void run_job(const JobContext& c, Job& job) {
+  for (UpdateTask& u : job.updates) detail::apply_update(c, job, u);
+  if (job.draw.n > 0) detail::draw_batch(c, job.draw);
+}
+
+class Executor {
+ public:
+  explicit Executor(JobContext context) : context_(std::move(context)) { Registry::add(this); }
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+  ~Executor() {
+    stop();
+    Registry::remove(this);
+  }
+
+  // Queues `job` (kept alive by the caller until wait(job) returns) and wakes the thread.
+  void submit(Job* job) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    queue_.push_back(job);
+    if (!stopped_ && !thread_alive_) {
+      thread_ = std::thread([this] { loop(); });
+      thread_alive_ = true;
+    }
+    lock.unlock();
+    work_.notify_one();
+  }
+
+  // Returns once `job` is done; with no thread (stopped, or in a forked child)
+  // runs the jobs up to it here.
+  void wait(Job* job) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!job->done) {
+      if (thread_alive_) {
+        done_.wait(lock);
+        continue;
+      }
+      Job* next = queue_.front();
+      lock.unlock();
+      run_job(context_, *next);
+      lock.lock();
+      queue_.pop_front();
+      next->done = true;
+    }
+  }
+
+  // Ends the thread after its running job; jobs still queued run in wait().
+  void stop() {
+    std::lock_guard<std::mutex> one_stopper(stop_mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    stopped_ = true;
+    if (!thread_alive_) return;
+    lock.unlock();
+    work_.notify_all();
+    thread_.join();
+    lock.lock();
+    thread_alive_ = false;
+    done_.notify_all();  // waiters run the queued jobs themselves now
+  }
+
+  bool done(const Job* job) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return job->done;
+  }
+
+  bool thread_alive() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return thread_alive_;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      work_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
+      if (stopped_) return;
+      Job* job = queue_.front();
+      running_ = true;
+      lock.unlock();
+      run_job(context_, *job);
+      lock.lock();
+      queue_.pop_front();
+      job->done = true;
+      running_ = false;
+      done_.notify_all();
+    }
+  }
+
+  // Every live executor, for the fork handlers (registered after the trees' ForkGuard,
+  // so they run before it: a running job holds a tree's lock).
+  class Registry {
+   public:
+    static void add(Executor* e) {
+      Registry& r = instance();
+      std::lock_guard<std::mutex> lock(r.mutex_);
+      r.live_.insert(e);
+    }
+    static void remove(Executor* e) {
+      Registry& r = instance();
+      std::lock_guard<std::mutex> lock(r.mutex_);
+      r.live_.erase(e);
+    }
+
+   private:
+    static Registry& instance() {
+      static Registry* registry = [] {
+        pthread_atfork(&before_fork, &after_fork_parent, &after_fork_child);
+        return new Registry();  // never destroyed: executors may outlive static destructors
+      }();
+      return *registry;
+    }
+    static void before_fork() {
+      Registry& r = instance();
+      r.mutex_.lock();
+      for (Executor* e : r.live_) {
+        std::unique_lock<std::mutex> lock(e->mutex_);
+        e->done_.wait(lock, [&] { return !e->running_; });
+        lock.release();  // held across fork: no job starts
+      }
+    }
+    static void after_fork_parent() {
+      Registry& r = instance();
+      for (Executor* e : r.live_) e->mutex_.unlock();
+      r.mutex_.unlock();
+    }
+    static void after_fork_child() {
+      Registry& r = instance();
+      for (Executor* e : r.live_) {
+        new (&e->mutex_) std::mutex();
+        new (&e->work_) std::condition_variable();
+        new (&e->done_) std::condition_variable();
+        if (e->thread_alive_) new std::thread(std::move(e->thread_));  // not ours here: never joined
+        e->thread_alive_ = false;
+        e->running_ = false;
+      }
+      new (&r.mutex_) std::mutex();
+    }
+
+    std::mutex mutex_;
+    std::unordered_set<Executor*> live_;
+  };
+
+  JobContext context_;
+  mutable std::mutex mutex_;
+  std::mutex stop_mutex_;
+  std::condition_variable work_, done_;
+  std::deque<Job*> queue_;  // submitted, not done; the front runs first
+  std::thread thread_;
+  bool thread_alive_ = false;
+  bool running_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace hetero_replay

@@ -1,0 +1,181 @@
+// The relaxed pipeline's native executor: jobs run on its thread give the same
+// bits as the same jobs run serially (updates with the epoch rule and undo
+// snapshots, draws, gathers), failed steps change nothing, and waiting after
+// stop() runs the queued jobs on the caller. Under TSan this also checks that
+// the executor's thread and the submitting thread share no unsynchronised data.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "check.hpp"
+#include "hetero_replay/executor.hpp"
+#include "tree_util.hpp"
+
+using namespace hr_test;
+using hetero_replay::Executor;
+using hetero_replay::Job;
+using hetero_replay::JobContext;
+using hetero_replay::JobError;
+using hetero_replay::RowField;
+using hetero_replay::UpdateTask;
+
+namespace {
+
+constexpr int64_t kCapacity = 5000, kRowBytes = 24;
+
+// Everything one run of jobs reads and writes: a tree, rows, write epochs and per-job buffers.
+struct Run {
+  Tree<float> tree{kCapacity, 16};
+  std::vector<char> rows = std::vector<char>(kCapacity * kRowBytes);
+  std::vector<int64_t> written_at = std::vector<int64_t>(kCapacity, 0);
+  std::vector<std::unique_ptr<Job>> jobs;
+  std::vector<std::vector<double>> uniforms, tds;
+  std::vector<std::vector<int64_t>> idxs, idx_out, undo_idx;
+  std::vector<std::vector<float>> w_out, undo_leaves;
+  std::vector<std::vector<char>> rows_out;
+
+  Run() {
+    for (int64_t i = 0; i < kCapacity * kRowBytes; ++i) rows[i] = static_cast<char>(i * 7 + 3);
+    std::vector<int64_t> all(kCapacity);
+    std::vector<float> ones(kCapacity, 1.0f);
+    for (int64_t i = 0; i < kCapacity; ++i) all[i] = i;
+    tree.update(all, ones);
+    for (int64_t i = 0; i < kCapacity; i += 3) written_at[i] = 5;  // rewritten after epoch 4
+  }
+
+  JobContext context() {
+    JobContext c;
+    c.tree = tree.t.get();
+    c.fields = {RowField{rows.data(), kRowBytes, 16}, RowField{rows.data() + 16, kRowBytes, 8}};
+    c.written_at = written_at.data();
+    c.capacity = kCapacity;
+    return c;
+  }
+
+  // Job j: one update (a NaN TD error in job 7: refused), epoch 4 or 9, undo kept on odd jobs; then a draw of
+  // n.
+  Job* make_job(int j, int64_t n) {
+    std::mt19937_64 rng(static_cast<uint64_t>(j));
+    std::uniform_int_distribution<int64_t> slot(0, kCapacity - 1);
+    std::uniform_real_distribution<double> mag(0.0, 3.0);
+    const int64_t m = 200 + j;
+    idxs.emplace_back(m);
+    tds.emplace_back(m);
+    for (int64_t i = 0; i < m; ++i) {
+      idxs.back()[i] = slot(rng);
+      tds.back()[i] = mag(rng);
+    }
+    if (j == 7) tds.back()[5] = std::numeric_limits<double>::quiet_NaN();
+    undo_idx.emplace_back(m);
+    undo_leaves.emplace_back(m);
+    uniforms.emplace_back(n);
+    for (double& u : uniforms.back()) u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+    idx_out.emplace_back(n);
+    w_out.emplace_back(n);
+    rows_out.emplace_back(n * kRowBytes);
+    auto job = std::make_unique<Job>();
+    job->alpha = 0.6;
+    job->eps = 1e-6;
+    job->limit = kCapacity;
+    UpdateTask u;
+    u.idx = idxs.back().data();
+    u.td = tds.back().data();
+    u.n = m;
+    u.epoch = j % 2 ? 4 : 9;
+    if (j % 2) {
+      u.undo_idx = undo_idx.back().data();
+      u.undo_leaves = undo_leaves.back().data();
+    }
+    job->updates.push_back(u);
+    job->draw.n = n;
+    job->draw.uniforms = uniforms.back().data();
+    job->draw.idx_out = idx_out.back().data();
+    job->draw.weight_out = w_out.back().data();
+    job->draw.field_out = {rows_out.back().data(), rows_out.back().data() + n * 16};
+    jobs.push_back(std::move(job));
+    return jobs.back().get();
+  }
+};
+
+constexpr int kJobs = 24;
+int64_t batch(int j) { return j % 3 == 0 ? 2048 : 64; }
+
+void check_same(Run& a, Run& b) {
+  CHECK(same_bits(a.tree.leaves(), b.tree.leaves()));
+  for (int j = 0; j < kJobs; ++j) {
+    const UpdateTask &ua = a.jobs[j]->updates[0], &ub = b.jobs[j]->updates[0];
+    CHECK_EQ(ua.dropped, ub.dropped);
+    CHECK_EQ(ua.kept, ub.kept);
+    CHECK_EQ(ua.max_raw, ub.max_raw);
+    CHECK(ua.error == ub.error);
+    CHECK(a.idx_out[j] == b.idx_out[j]);
+    CHECK(same_bits(a.w_out[j], b.w_out[j]));
+    CHECK(a.rows_out[j] == b.rows_out[j]);
+    CHECK(same_bits(a.undo_leaves[j], b.undo_leaves[j]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE(executor, thread_gives_the_serial_bits) {
+  Run serial, threaded;
+  const JobContext sc = serial.context();
+  for (int j = 0; j < kJobs; ++j) hetero_replay::run_job(sc, *serial.make_job(j, batch(j)));
+  {
+    Executor ex(threaded.context());
+    std::vector<Job*> jobs;
+    for (int j = 0; j < kJobs; ++j) {
+      jobs.push_back(threaded.make_job(j, batch(j)));
+      ex.submit(jobs.back());
+      if (j % 4 == 3) ex.wait(jobs[j - 2]);  // the submitter waits now and then, as the learner does
+    }
+    for (Job* job : jobs) ex.wait(job);
+  }
+  check_same(serial, threaded);
+  // The epoch rule dropped the entries of rewritten slots (epoch 4 jobs), and the NaN job failed whole.
+  CHECK(serial.jobs[1]->updates[0].dropped > 0);
+  CHECK_EQ(serial.jobs[2]->updates[0].dropped, 0);
+  CHECK(serial.jobs[7]->updates[0].error == JobError::kValue);
+  CHECK_EQ(serial.jobs[7]->updates[0].dropped, 0);
+  // A gathered row is the source row of its index.
+  const Job& j0 = *serial.jobs[0];
+  for (int64_t i = 0; i < j0.draw.n; ++i)
+    CHECK(std::memcmp(serial.rows_out[0].data() + i * 16, serial.rows.data() + j0.draw.idx_out[i] * kRowBytes,
+                      16) == 0);
+}
+
+TEST_CASE(executor, after_stop_wait_runs_the_queued_jobs) {
+  Run serial, stopped;
+  const JobContext sc = serial.context();
+  for (int j = 0; j < kJobs; ++j) hetero_replay::run_job(sc, *serial.make_job(j, batch(j)));
+  Executor ex(stopped.context());
+  std::vector<Job*> jobs;
+  for (int j = 0; j < kJobs; ++j) {
+    jobs.push_back(stopped.make_job(j, batch(j)));
+    ex.submit(jobs.back());
+    if (j == kJobs / 2) ex.stop();  // later submits start no thread
+  }
+  CHECK(!ex.thread_alive());
+  ex.wait(jobs.back());
+  for (Job* job : jobs) CHECK(ex.done(job));
+  check_same(serial, stopped);
+}
+
+TEST_CASE(executor, a_draw_from_an_empty_tree_fails_and_writes_nothing) {
+  Run run;
+  std::vector<int64_t> all(kCapacity);
+  for (int64_t i = 0; i < kCapacity; ++i) all[i] = i;
+  run.tree.update(all, std::vector<float>(kCapacity, 0.0f));
+  Job* job = run.make_job(0, 8);
+  job->updates.clear();
+  std::vector<int64_t> before = run.idx_out.back();
+  Executor ex(run.context());
+  ex.submit(job);
+  ex.wait(job);
+  CHECK(job->draw.error == JobError::kValue);
+  CHECK(run.idx_out.back() == before);
+}
