@@ -17,8 +17,13 @@ Two ways in:
 ``DictPrioritizedReplayBuffer``           the same for ``MultiInputPolicy``
 ``PERDQN``, ``PERDDPG``, ``PERTD3``,      SB3's algorithms with PER in ``train()``
 ``PERSAC``
+``PERQRDQN``, ``PERTQC``, ``PERCrossQ``   sb3-contrib's, the same way (the ``contrib``
+                                          extra; imported when first named)
 ========================================  =======================================
 """
+
+import importlib
+from typing import Any
 
 from hetero_replay.extend import install_hint
 
@@ -37,7 +42,24 @@ from hetero_replay.adapters.sb3.dqn import PERDQN
 from hetero_replay.adapters.sb3.sac import PERSAC
 from hetero_replay.adapters.sb3.td3 import PERDDPG, PERTD3, PERTD3TrainMixin
 
+#: The sb3-contrib algorithms: name -> module. Imported on first use, so sb3-contrib stays optional.
+_CONTRIB = {"PERQRDQN": "qrdqn", "PERTQC": "tqc", "PERCrossQ": "crossq"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _CONTRIB:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        import sb3_contrib  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"{name} needs sb3-contrib: {install_hint('contrib')}") from e
+    return getattr(importlib.import_module(f"{__name__}.{_CONTRIB[name]}"), name)
+
+
 __all__ = [
+    "PERCrossQ",
+    "PERQRDQN",
+    "PERTQC",
     "PERDDPG",
     "PERDQN",
     "PERMixin",

@@ -1,0 +1,42 @@
+"""The quantile Huber loss of QR-DQN and TQC, per transition, so PER can weight each transition's share.
+
+sb3-contrib's :func:`~sb3_contrib.common.utils.quantile_huber_loss` returns the loss already
+averaged over the batch; PER needs it per transition. :func:`quantile_huber_loss_per_sample`
+is the same arithmetic, reduced over everything but the batch dimension, so that its mean over
+the batch equals sb3-contrib's loss (``tests/test_sb3_contrib.py`` checks it).
+"""
+
+from __future__ import annotations
+
+import torch as th
+
+
+def quantile_huber_loss_per_sample(
+    current_quantiles: th.Tensor, target_quantiles: th.Tensor, sum_over_quantiles: bool = True
+) -> th.Tensor:
+    """The quantile Huber loss (kappa = 1) of each transition, shape ``(batch_size,)``.
+
+    Args:
+        current_quantiles: ``(batch_size, n_quantiles)`` (QR-DQN) or
+            ``(batch_size, n_critics, n_quantiles)`` (TQC), at the midpoints ``(i + 0.5) / n_quantiles``.
+        target_quantiles: ``(batch_size, n_target_quantiles)`` or ``(batch_size, 1, n_target_quantiles)``
+            (the same number of dimensions as ``current_quantiles``).
+        sum_over_quantiles: sum over the current quantiles before averaging (QR-DQN, as in its
+            paper), or average over them too (TQC).
+    """
+    if current_quantiles.ndim not in (2, 3) or current_quantiles.ndim != target_quantiles.ndim:
+        raise ValueError(
+            f"current_quantiles ({tuple(current_quantiles.shape)}) and target_quantiles "
+            f"({tuple(target_quantiles.shape)}) must both be (batch, quantiles) or (batch, critics, quantiles)"
+        )
+    n_quantiles = current_quantiles.shape[-1]
+    midpoints = (th.arange(n_quantiles, device=current_quantiles.device, dtype=th.float) + 0.5) / n_quantiles
+    midpoints = midpoints.view(-1, 1)  # broadcasts over (..., n_quantiles, n_target_quantiles)
+    # delta[..., i, j]: target quantile j minus current quantile i
+    delta = target_quantiles.unsqueeze(-2) - current_quantiles.unsqueeze(-1)
+    abs_delta = delta.abs()
+    huber = th.where(abs_delta > 1, abs_delta - 0.5, delta**2 * 0.5)
+    loss = (midpoints - (delta.detach() < 0).float()).abs() * huber
+    if sum_over_quantiles:
+        loss = loss.sum(dim=-2)
+    return loss.flatten(start_dim=1).mean(dim=1)
