@@ -327,18 +327,6 @@ def _int_parameter(desc: dict[str, Any], name: str, default: int) -> int:
         return default
 
 
-def _as_words(commands: Any) -> np.ndarray:
-    """Command words as a 1-D ``uint64`` array; TypeError / ValueError before anything is sent."""
-    arr = np.asarray(commands)
-    if arr.ndim != 1:
-        raise ValueError(f"commands must be a 1-D array of uint64 words, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"commands must be uint64 words, got dtype {arr.dtype}")
-    if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
-        raise ValueError(f"commands must be uint64 words; the word at position {int(np.argmin(arr))} is negative")
-    return np.ascontiguousarray(arr, dtype=np.uint64)
-
-
 class BoardRmm:
     """The RMM on a PYNQ board, as an :class:`~hetero_replay.fpga.protocol.RmmPort` (device ``"fpga:N"``).
 
@@ -397,9 +385,7 @@ class BoardRmm:
         dma_addr_width: int | None = None,
         timeout: float = 5.0,
     ) -> None:
-        capacity = check_int(capacity, "capacity", 1, P.MAX_LEAVES)
-        if check_int(fanout, "fanout") not in P.FANOUTS:
-            raise ValueError(f"fanout must be one of {P.FANOUTS}, got {fanout!r}")
+        capacity, fanout = P.check_shape(capacity, fanout)
         self._index = check_int(index, "index", 0, 2**16)
         check_real(timeout, "timeout", positive=True, finite=False)
         self._fanout = int(fanout)
@@ -494,7 +480,7 @@ class BoardRmm:
             BoardError: the port failed before and was not :meth:`reset`.
             After any of the last four the RMM's state is unknown.
         """
-        words = _as_words(commands)
+        words = P.command_words(commands)
         plan = self._plan(words)
         if not plan.packets:
             return np.zeros(0, np.uint64)
@@ -505,9 +491,7 @@ class BoardRmm:
 
     def read_register(self, offset: int) -> int:
         """The RMM's 32-bit register at byte ``offset`` (one of ``protocol.REGISTERS``; STATUS clears on read)."""
-        offset = int(offset)
-        if offset not in P.REGISTERS.values():
-            raise ValueError(f"no RMM register at offset {offset:#x}; the registers are {_register_list()}")
+        offset = P.check_register(offset)[0]
         with self._lock:
             self._check_open()
             return int(self._rmm.read(offset)) & P.NONE32
@@ -519,13 +503,7 @@ class BoardRmm:
             ValueError: another register, a value outside 32 bits, or a capacity
                 outside ``1 .. MAX_LEAVES`` (the overlay's on-chip limit).
         """
-        offset = int(offset)
-        if offset not in P.WRITABLE_REGISTERS:
-            raise ValueError(
-                f"register {offset:#x} is not writable; CAPACITY ({P.REG_CAPACITY:#x}) and INIT_MAX "
-                f"({P.REG_INIT_MAX:#x}) are"
-            )
-        value = check_int(value, "register value", 0, P.NONE32)
+        offset, value = P.check_register(offset, value)
         with self._lock:
             self._check_usable()
             if offset == P.REG_CAPACITY:
@@ -944,10 +922,6 @@ class BoardRmm:
             except DmaError:  # a stale packet longer than the buffer: the rest comes as the next one
                 self._reset_dma()
         raise BoardError("the RMM keeps sending responses nobody asked for; reload the overlay")
-
-
-def _register_list() -> str:
-    return ", ".join(f"{name} {off:#x}" for name, off in P.REGISTERS.items())
 
 
 __all__ = [

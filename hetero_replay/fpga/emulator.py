@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from hetero_replay.fpga import protocol as P
+
 #: The device name of the emulation.
 EMULATED_DEVICE = "fpga:emu"
 
@@ -47,13 +49,14 @@ class EmulatedRmm:
 
     Raises:
         ImportError: the emulation module is not built.
-        ValueError: a capacity or fanout the kernel does not take.
+        TypeError, ValueError: a capacity or fanout the kernel does not take
+            (:func:`~hetero_replay.fpga.protocol.check_shape`).
     """
 
     device = EMULATED_DEVICE
 
     def __init__(self, capacity: int, fanout: int = 16) -> None:
-        self._rmm = _module().Rmm(int(capacity), int(fanout))
+        self._rmm = _module().Rmm(*P.check_shape(capacity, fanout))
 
     @property
     def capacity(self) -> int:
@@ -69,13 +72,13 @@ class EmulatedRmm:
 
     def run(self, commands: Any) -> np.ndarray:
         """Back-to-back command words in, every response word out (the GIL is released meanwhile)."""
-        return np.asarray(self._rmm.run(np.ascontiguousarray(commands, dtype=np.uint64).reshape(-1)), np.uint64)
+        return np.asarray(self._rmm.run(P.command_words(commands)), np.uint64)
 
     def read_register(self, offset: int) -> int:
-        return int(self._rmm.read_register(int(offset)))
+        return int(self._rmm.read_register(P.check_register(offset)[0]))
 
     def write_register(self, offset: int, value: int) -> None:
-        self._rmm.write_register(int(offset), int(value))
+        self._rmm.write_register(*P.check_register(offset, value))
 
     def counters(self) -> dict[str, int]:
         """Firings per pipeline stage, the ``"cycles"`` estimate and ``"fifo_max:<stream>"`` occupancies."""

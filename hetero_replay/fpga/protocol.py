@@ -30,6 +30,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from hetero_replay.checks import check_int
+
 OP_UPDATE = 1
 OP_INSERT = 2
 OP_SAMPLE = 3
@@ -134,6 +136,49 @@ class Trailer(NamedTuple):
     error: bool
 
 
+# -- what every port checks at its edge (one rule for the reference, the emulation and the board) ----
+
+
+def check_shape(capacity: Any, fanout: Any, max_leaves: int = MAX_LEAVES) -> tuple[int, int]:
+    """``(capacity, fanout)`` of a port as ints: ``TypeError`` (not an integer; a bool) or
+    ``ValueError`` (capacity outside ``1 .. max_leaves``, a fanout not in :data:`FANOUTS`) naming it."""
+    capacity = check_int(capacity, "capacity", 1, max_leaves)
+    if check_int(fanout, "fanout") not in FANOUTS:
+        raise ValueError(f"fanout must be one of {FANOUTS}, got {fanout!r}")
+    return capacity, int(fanout)
+
+
+def command_words(commands: Any) -> np.ndarray:
+    """Command words as a 1-D ``uint64`` array; ``TypeError`` / ``ValueError`` before anything runs.
+
+    Integers only (a float word would be truncated into another command), none negative.
+    """
+    arr = np.asarray(commands)
+    if arr.ndim != 1:
+        raise ValueError(f"commands must be a 1-D array of uint64 words, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"commands must be uint64 words, got dtype {arr.dtype}")
+    if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
+        raise ValueError(f"commands must be uint64 words; the word at position {int(np.argmin(arr))} is negative")
+    return np.ascontiguousarray(arr, dtype=np.uint64)
+
+
+def check_register(offset: Any, value: Any = None) -> tuple[int, int | None]:
+    """A register access checked: ``offset`` one of :data:`REGISTERS` (with ``value``: a writable one)
+    and ``value`` 32 bits. ``TypeError`` / ``ValueError`` naming the argument."""
+    offset = check_int(offset, "register offset")
+    if offset not in REGISTERS.values():
+        listing = ", ".join(f"{name} ({off:#x})" for name, off in REGISTERS.items())
+        raise ValueError(f"no RMM register at offset {offset:#x}; the registers are {listing}")
+    if value is None:
+        return offset, None
+    if offset not in WRITABLE_REGISTERS:
+        raise ValueError(
+            f"register {offset:#x} is not writable; CAPACITY ({REG_CAPACITY:#x}) and INIT_MAX ({REG_INIT_MAX:#x}) are"
+        )
+    return offset, check_int(value, "register value", 0, NONE32)
+
+
 # -- packing ---------------------------------------------------------------------------------
 
 
@@ -225,6 +270,9 @@ def split_response(words: Any, n: int) -> tuple[np.ndarray, Trailer]:
 
 
 __all__ = [
+    "check_register",
+    "check_shape",
+    "command_words",
     "ERROR_BIT",
     "FANOUTS",
     "INIT_MAX",

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from hetero_replay.checks import check_int
 from hetero_replay.fpga.fixed_point import FRAC_BITS
 from hetero_replay.fpga.protocol import (
     ERROR_BIT,
@@ -59,10 +60,15 @@ from hetero_replay.fpga.protocol import (
     REG_STATUS,
     REG_TOTAL_HI,
     REG_TOTAL_LO,
-    REGISTERS,
+    check_register,
+    check_shape,
+    command_words,
     header,
 )
+from hetero_replay.storage.files import read_regular_file, replace_file
 
+#: The largest trace file read (the test bench's default trace is a few MB).
+MAX_TRACE_BYTES = 1 << 30
 #: First word of a trace file ("RMMTRACE" read as little-endian ASCII backwards).
 TRACE_MAGIC = 0x45434152544D4D52
 
@@ -122,12 +128,8 @@ class ReferenceRmm:
     device = "fpga:ref"
 
     def __init__(self, capacity: int, fanout: int = 16, max_leaves: int = MAX_LEAVES) -> None:
-        if fanout not in FANOUTS:
-            raise ValueError(f"fanout must be one of {FANOUTS}, got {fanout!r}")
-        if not 1 <= max_leaves <= MAX_LEAVES:
-            raise ValueError(f"max_leaves must be in [1, 2**28], got {max_leaves}")
-        self._k = int(fanout)
-        self._max_leaves = int(max_leaves)
+        self._max_leaves = check_int(max_leaves, "max_leaves", 1, MAX_LEAVES)
+        capacity, self._k = check_shape(capacity, fanout, self._max_leaves)
         self._init_max = INIT_MAX
         self._sticky = False
         self._errors = 0
@@ -154,7 +156,7 @@ class ReferenceRmm:
             ValueError: the words end inside a command (its payload is cut
                 short); nothing is executed then.
         """
-        words = np.ascontiguousarray(commands, dtype=np.uint64).reshape(-1)
+        words = command_words(commands)
         spans = []  # (opcode, n, first payload word, end) of every command, checked before any runs
         pos = 0
         while pos < len(words):
@@ -178,6 +180,7 @@ class ReferenceRmm:
 
     def read_register(self, offset: int) -> int:
         """The 32-bit register at byte ``offset`` (reading STATUS clears its sticky error bit)."""
+        offset = check_register(offset)[0]
         total, (min_q, max_q) = self._total(), self._min_max()
         if offset == REG_STATUS:
             status, self._sticky = int(self._sticky), False
@@ -195,22 +198,16 @@ class ReferenceRmm:
             REG_DEPTH: self.depth,
             REG_ERRORS: self._errors,
         }
-        if offset not in values:
-            raise ValueError(f"no register at offset {offset:#x}; the registers are {_register_list()}")
         return values[offset]
 
     def write_register(self, offset: int, value: int) -> None:
         """Write CAPACITY (re-sizes the tree, which is then CLEARed) or INIT_MAX (used by the next CLEAR)."""
-        if not 0 <= value <= NONE32:
-            raise ValueError(f"a register holds 32 bits, got {value}")
+        offset, checked = check_register(offset, value)
+        assert checked is not None
         if offset == REG_CAPACITY:
-            self._resize(value)
-        elif offset == REG_INIT_MAX:
-            self._init_max = int(value)
+            self._resize(checked)
         else:
-            raise ValueError(
-                f"register {offset:#x} is not writable; CAPACITY ({REG_CAPACITY:#x}) and INIT_MAX ({REG_INIT_MAX:#x}) are"
-            )
+            self._init_max = checked
 
     # -- the state ---------------------------------------------------------------------------
 
@@ -219,9 +216,7 @@ class ReferenceRmm:
         return self._sums[0][: self._capacity].astype(np.uint32)
 
     def _resize(self, capacity: int) -> None:
-        if not 1 <= capacity <= self._max_leaves:
-            raise ValueError(f"capacity must be in [1, {self._max_leaves}] (MAX_LEAVES), got {capacity}")
-        self._capacity = int(capacity)
+        self._capacity = check_int(capacity, "capacity", 1, self._max_leaves)
         sizes = level_sizes(self._capacity, self._k)
         self._sums = [np.zeros(n, np.uint64) for n in sizes]  # [0]: the leaves, held as uint64
         self._mins = [np.full(n, NONE32, np.uint64) for n in sizes]  # [0] unused
@@ -336,10 +331,6 @@ class ReferenceRmm:
         return (node.astype(np.uint64) << _SHIFT32) | self._sums[0][node]
 
 
-def _register_list() -> str:
-    return ", ".join(f"{name} {off:#x}" for name, off in REGISTERS.items())
-
-
 # -- random traces for the C simulation test bench ---------------------------------------------
 
 
@@ -435,14 +426,17 @@ def random_trace(rng: np.random.Generator, capacity: int, fanout: int, n_ops: in
 
 
 def write_trace(path: str | Path, capacity: int, fanout: int, commands: np.ndarray, responses: np.ndarray) -> None:
-    """Write a trace file (the layout in this module's docstring)."""
+    """Write a trace file (the layout in this module's docstring), never through a link planted at ``path``."""
     head = np.array([TRACE_MAGIC, capacity, fanout, len(commands), len(responses)], np.uint64)
-    Path(path).write_bytes(np.concatenate([head, commands, responses]).astype("<u8").tobytes())
+    replace_file(path, np.concatenate([head, commands, responses]).astype("<u8").tobytes(), "--out")
 
 
 def read_trace(path: str | Path) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """``(capacity, fanout, commands, responses)`` of a trace file."""
-    words = np.frombuffer(Path(path).read_bytes(), "<u8").astype(np.uint64)
+    """``(capacity, fanout, commands, responses)`` of a trace file (``ValueError`` if it is not one)."""
+    data = read_regular_file(path, MAX_TRACE_BYTES, "trace")
+    if len(data) % 8:
+        raise ValueError(f"{path} is not an RMM trace (its {len(data)} bytes are not whole 64-bit words)")
+    words = np.frombuffer(data, "<u8").astype(np.uint64)
     if len(words) < 5 or int(words[0]) != TRACE_MAGIC:
         raise ValueError(f"{path} is not an RMM trace (no magic {TRACE_MAGIC:#x})")
     capacity, fanout, n_cmd, n_resp = (int(w) for w in words[1:5])
