@@ -387,8 +387,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         return self._tensor(obs)
 
     def _tensor(self, value: np.ndarray | th.Tensor) -> th.Tensor:
-        """A sampled field as a tensor on :attr:`device`; the core engine's tensors are already there."""
-        return value if isinstance(value, th.Tensor) else self.to_torch(value, copy=False)
+        """A sampled field as a tensor on :attr:`device`; the core engine's tensors are already there.
+
+        On the CPU a view of the array (``torch.from_numpy``, no copy: the gathered rows are this batch's
+        own); elsewhere one copy to the device.
+        """
+        if isinstance(value, th.Tensor):
+            return value
+        return th.from_numpy(value) if self.device.type == "cpu" else self.to_torch(value, copy=False)
 
     @property
     def _device_batches(self) -> bool:
@@ -533,29 +539,31 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 integer. Nothing changes on error (not even the random state).
         """
         with self._lock:
-            self._commit()
+            if self._staged_rows:
+                self._commit()
             batch = self._replay.sample(batch_size)
-            data, indices = batch.data, batch.indices
+            data = batch.data
             if self.optimize_memory_usage:
-                data["next_obs"] = self._next_observations(indices)
+                data = {**data, "next_obs": self._next_observations(batch.indices)}
             self._count_sample()
-            # Still under the lock, though the batch is this call's own copy: torch's conversions must not run
-            # on a daemon thread at interpreter exit (the exit handler waits for buffer locks; torch aborts there).
+            # Still under the lock: torch's conversions must not run on a daemon thread at interpreter exit
+            # (the exit handler waits for buffer locks; torch aborts there).
             if env is not None and self._device_batches:
                 # VecNormalize works on NumPy arrays: normalising takes the batch through the host.
                 data = {name: value.cpu().numpy() for name, value in data.items()}
             dones = data["done"]
             if self.handle_timeout_termination:
                 dones = dones * (1.0 - data["timeout"])  # as in SB3: no termination at a time limit
+            tensor = self._tensor
             return PrioritizedReplayBufferSamples(
                 observations=self._observation_tensor("obs", data, env),
-                actions=self._tensor(data["action"]),
+                actions=tensor(data["action"]),
                 next_observations=self._observation_tensor("next_obs", data, env),
-                dones=self._tensor(dones.reshape(-1, 1)),
-                rewards=self._tensor(self._normalize_reward(data["reward"].reshape(-1, 1), env)),
+                dones=tensor(dones.reshape(-1, 1)),
+                rewards=tensor(self._normalize_reward(data["reward"].reshape(-1, 1), env)),
                 discounts=None,
-                weights=self._tensor(batch.weights.reshape(-1, 1)),
-                indices=indices,
+                weights=tensor(batch.weights.reshape(-1, 1)),
+                indices=batch.indices,
             )
 
     def _next_observations(self, indices: np.ndarray | th.Tensor) -> np.ndarray | th.Tensor:
@@ -590,34 +598,43 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """
         # Under the lock, torch's conversions too: the exit handler waits for buffer locks (torch aborts at exit).
         with self._lock:
-            td: np.ndarray | th.Tensor
-            if self._device_batches:
-                td = th.as_tensor(td_errors).detach().reshape(-1).abs()
-                indices = th.as_tensor(indices)
+            self._update(indices, td_errors)
+
+    def _update(self, indices: np.ndarray | th.Tensor, td_errors: th.Tensor | np.ndarray) -> None:
+        """:meth:`update_priorities` under the lock. Its locals die with it, inside the lock: freeing a tensor
+        releases the GIL, which at interpreter exit ends a (daemon) thread mid C++ frame (std::terminate)."""
+        td: np.ndarray | th.Tensor
+        if self._device_batches:
+            # Stays a tensor where it is: a device tree takes it there, and the relaxed pipeline copies it on
+            # the device behind an event, so the learner does not wait for the device here.
+            td = th.as_tensor(td_errors).detach().reshape(-1).abs()
+            indices = th.as_tensor(indices)
+        else:
+            if isinstance(td_errors, th.Tensor):
+                # One pass: |td| of a zero-copy view of the CPU tensor (or of its one copy off the device).
+                raw = td_errors.detach().reshape(-1)
+                raw = raw.numpy() if raw.device.type == "cpu" else raw.cpu().numpy()
             else:
-                # No local may keep a tensor-backed array past the lock: freeing a tensor releases the GIL, which
-                # at interpreter exit ends this (daemon) thread mid C++ frame (std::terminate).
-                if isinstance(td_errors, th.Tensor):
-                    td = td_errors.detach().reshape(-1).cpu().numpy().copy()
-                else:
-                    td = np.asarray(td_errors).reshape(-1)
-                if td.dtype.kind not in "biuf":
-                    raise TypeError(f"update_priorities: td_errors must be numbers, got dtype {td.dtype}")
-                td = np.abs(td)
-                indices = np.asarray(indices)
-            if indices.ndim != 1:
-                raise ValueError(
-                    f"update_priorities: indices must be 1-D (the indices of a sample), got shape {tuple(indices.shape)}"
-                )
-            if indices.shape != td.shape:
-                raise ValueError(f"update_priorities: {indices.shape[0]} indices but {td.shape[0]} TD errors")
+                raw = np.asarray(td_errors).reshape(-1)
+            if raw.dtype.kind not in "biuf":
+                raise TypeError(f"update_priorities: td_errors must be numbers, got dtype {raw.dtype}")
+            td = np.abs(raw)
+            del raw
+            indices = np.asarray(indices)
+        if indices.ndim != 1:
+            raise ValueError(
+                f"update_priorities: indices must be 1-D (the indices of a sample), got shape {tuple(indices.shape)}"
+            )
+        if indices.shape != td.shape:
+            raise ValueError(f"update_priorities: {indices.shape[0]} indices but {td.shape[0]} TD errors")
+        if self._staged_rows:
             self._commit()
-            if self.optimize_memory_usage and self.full:
-                # Transitions overwritten since they were sampled keep priority 0 (see add).
-                valid = (indices // self.n_envs) != self.pos
-                indices, td = indices[valid], td[valid.to(td.device) if self._device_batches else valid]
-            self._replay.update_priorities(indices, td)
-            self._samples_since_update = 0
+        if self.optimize_memory_usage and self.full:
+            # Transitions overwritten since they were sampled keep priority 0 (see add).
+            valid = (indices // self.n_envs) != self.pos
+            indices, td = indices[valid], td[valid.to(td.device) if self._device_batches else valid]
+        self._replay.update_priorities(indices, td)
+        self._samples_since_update = 0
 
     def reset(self) -> None:
         """Empty the buffer (priorities and the max priority start over).

@@ -13,7 +13,7 @@ import pathlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule, get_device
 
@@ -269,10 +269,11 @@ class PERMixin(_OffPolicyBase):
             ) from None
         return float(beta)
 
-    def _record_per(self, beta: float, mean_weights: list[float]) -> None:
-        """Log the PER state after one ``train()`` call."""
+    def _record_per(self, beta: float, mean_weights: list[th.Tensor]) -> None:
+        """Log the PER state after one ``train()`` call; ``mean_weights``: each batch's mean IS weight, as the
+        0-d tensors the steps computed (read here once, so the steps never wait for the device to log them)."""
         self.logger.record("train/per_beta", beta)
-        self.logger.record("train/per_mean_weight", float(np.mean(mean_weights)))
+        self.logger.record("train/per_mean_weight", th.stack(mean_weights).mean().item())
         self.logger.record("train/per_max_priority", self.replay_buffer.max_priority)
         self.logger.record("train/per_staleness", self.staleness)
         self.logger.record("train/per_dropped_updates", getattr(self.replay_buffer, "dropped_updates", 0))

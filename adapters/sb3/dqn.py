@@ -63,7 +63,7 @@ class PERDQN(PERMixin, DQN):
             losses.append(loss.item())
             # PER: |TD error| becomes the new priority
             self.replay_buffer.update_priorities(replay_data.indices, current_q_values.detach() - target_q_values)
-            mean_weights.append(replay_data.weights.mean().item())
+            mean_weights.append(replay_data.weights.mean())  # PER: a tensor, read once per train() (no sync)
 
             # Optimize the policy
             self.policy.optimizer.zero_grad()

@@ -100,7 +100,7 @@ class PERSAC(PERMixin, SAC):
             # PER: new priority = mean over critics of |Q_k - target|
             td_errors = th.stack([(q.detach() - target_q_values).abs() for q in current_q_values]).mean(dim=0)
             self.replay_buffer.update_priorities(replay_data.indices, td_errors)
-            mean_weights.append(replay_data.weights.mean().item())
+            mean_weights.append(replay_data.weights.mean())  # PER: a tensor, read once per train() (no sync)
 
             # Optimize the critic
             self.critic.optimizer.zero_grad()
