@@ -1,13 +1,21 @@
-"""SB3 DQN env-steps/s: stock ``DQN`` (SB3's uniform buffer) vs ``PERDQN``, interleaved, as ratios.
+"""SB3 env-steps/s: the stock algorithm (SB3's uniform buffer) vs ours with PER, interleaved, as ratios.
 
 What a Stable-Baselines3 user pays for prioritized replay, end to end: the same
-``learn`` loop on CartPole-v1 with SB3's own buffer and with ours (strict, and
-with ``staleness``), one torch thread, runs interleaved so that drifts of a
-shared machine fall on every variant alike. Prints each variant's median
-env-steps/s and its median ratio to stock DQN.
+``learn`` loop with SB3's own buffer and with ours (strict, and with
+``staleness``), one torch thread, runs interleaved so that drifts of a shared
+machine fall on every variant alike. Prints each variant's median env-steps/s
+and its median ratio (of paired runs) to the stock algorithm. Cases:
 
-    python benchmarks/bench_sb3_throughput.py                      # 15k steps, 3 interleaved repeats
-    python benchmarks/bench_sb3_throughput.py --steps 10000 --repeats 5 --staleness 0 1
+* ``cartpole``: DQN vs ``PERDQN`` on CartPole-v1, rl-zoo's DQN hyperparameters (buffer 50k);
+* ``pendulum``: SAC vs ``PERSAC`` on Pendulum-v1, rl-zoo's SAC hyperparameters;
+* ``atari``: DQN vs ``PERDQN`` with ``CnnPolicy`` on ``ALE/Pong-v5`` (ale-py) through SB3's
+  ``AtariWrapper`` and a 4-frame stack: 84x84x4 uint8 observations, rl-zoo's Atari DQN
+  hyperparameters with a 10k buffer and learning from step 1000, so short runs train.
+
+    python benchmarks/bench_sb3_throughput.py                      # cartpole, 15k steps, 3 repeats
+    python benchmarks/bench_sb3_throughput.py --case cartpole --steps 10000 --repeats 5 --staleness 0 1
+    python benchmarks/bench_sb3_throughput.py --case pendulum --steps 3000 --repeats 5 --staleness 1
+    python benchmarks/bench_sb3_throughput.py --case atari --steps 4000 --repeats 5 --staleness 1
 """
 
 from __future__ import annotations
@@ -15,13 +23,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import gymnasium as gym
 import torch
-from stable_baselines3 import DQN
+from stable_baselines3 import DQN, SAC
 
-from hetero_replay.adapters.sb3 import PERDQN
+from hetero_replay.adapters.sb3 import PERDQN, PERSAC
 
 #: SB3 DQN on CartPole as the rl-zoo tunes it, on a 50k buffer (what the pipeline issue measured).
 DQN_ARGS = dict(
@@ -30,39 +39,79 @@ DQN_ARGS = dict(
     exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]), device="cpu",
 )  # fmt: skip
 
+#: SB3 SAC on Pendulum as the rl-zoo tunes it (learning rate 1e-3, SB3's defaults otherwise), a 50k buffer.
+SAC_ARGS = dict(learning_rate=1e-3, buffer_size=50_000, learning_starts=100, device="cpu")
 
-def run(variant: str, steps: int, seed: int) -> float:
-    """One ``learn`` of ``steps`` env steps; its env-steps/s."""
-    env = gym.make("CartPole-v1")
-    if variant == "dqn":
-        model = DQN("MlpPolicy", env, seed=seed, **DQN_ARGS)
+#: SB3 DQN on Atari as the rl-zoo tunes it, with a 10k buffer and learning from step 1000 (rl-zoo: 100k, 100k).
+ATARI_ARGS = dict(
+    learning_rate=1e-4, batch_size=32, buffer_size=10_000, learning_starts=1000, target_update_interval=1000,
+    train_freq=4, gradient_steps=1, exploration_fraction=0.1, exploration_final_eps=0.01,
+    optimize_memory_usage=False, device="cpu",
+)  # fmt: skip
+
+
+def _cartpole() -> Any:
+    return gym.make("CartPole-v1")
+
+
+def _pendulum() -> Any:
+    return gym.make("Pendulum-v1")
+
+
+def _pong() -> Any:
+    import ale_py
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    gym.register_envs(ale_py)
+    return VecFrameStack(make_atari_env("ALE/Pong-v5", n_envs=1, seed=0), n_stack=4)
+
+
+#: case -> (env factory, stock algorithm, PER algorithm, policy, arguments)
+CASES: dict[str, tuple[Callable[[], Any], type, type, str, dict[str, Any]]] = {
+    "cartpole": (_cartpole, DQN, PERDQN, "MlpPolicy", DQN_ARGS),
+    "pendulum": (_pendulum, SAC, PERSAC, "MlpPolicy", SAC_ARGS),
+    "atari": (_pong, DQN, PERDQN, "CnnPolicy", ATARI_ARGS),
+}
+
+
+def run(case: str, variant: str, steps: int, seed: int) -> float:
+    """One ``learn`` of ``steps`` env steps of ``variant`` ("stock" or "per-k<staleness>"); its env-steps/s."""
+    make_env, stock, per, policy, kwargs = CASES[case]
+    env = make_env()
+    if variant == "stock":
+        model = stock(policy, env, seed=seed, **kwargs)
     else:
-        model = PERDQN("MlpPolicy", env, seed=seed, staleness=int(variant.split("k")[1]), **DQN_ARGS)
+        model = per(policy, env, seed=seed, staleness=int(variant.split("k")[1]), **kwargs)
     start = time.perf_counter()
     model.learn(total_timesteps=steps)
     elapsed = time.perf_counter() - start
+    getattr(model.replay_buffer, "close", lambda: None)()  # ours: its worker stops before the next run
     env.close()
     return steps / elapsed
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--case", choices=list(CASES), default="cartpole", help="environment and algorithm")
     p.add_argument("--steps", type=int, default=15_000, help="env steps per run (default 15000)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default 3)")
-    p.add_argument("--staleness", type=int, nargs="+", default=[0, 1], help="PERDQN staleness values (default 0 1)")
+    p.add_argument("--staleness", type=int, nargs="+", default=[0, 1], help="PER staleness values (default 0 1)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    variants = ["dqn", *(f"perdqn-k{k}" for k in args.staleness)]
+    _, stock, per, _, _ = CASES[args.case]
+    variants = ["stock", *(f"per-k{k}" for k in args.staleness)]
+    names = {"stock": stock.__name__, **{f"per-k{k}": f"{per.__name__}(staleness={k})" for k in args.staleness}}
     rates: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(args.repeats):
         for v in variants:
-            rates[v].append(run(v, args.steps, seed=r))
-            print(f"repeat {r + 1}/{args.repeats} {v:12s} {rates[v][-1]:8.0f} env-steps/s", flush=True)
-    print(f"\n| variant | env-steps/s (median of {args.repeats}) | ratio to stock DQN (median of paired) |")
+            rates[v].append(run(args.case, v, args.steps, seed=r))
+            print(f"repeat {r + 1}/{args.repeats} {names[v]:22s} {rates[v][-1]:8.0f} env-steps/s", flush=True)
+    print(f"\n| {args.case} | env-steps/s (median of {args.repeats}) | ratio to {stock.__name__} (median of paired) |")
     print("|---|---|---|")
     for v in variants:
-        ratio = statistics.median(a / b for a, b in zip(rates[v], rates["dqn"]))
-        print(f"| {v} | {statistics.median(rates[v]):.0f} | {ratio:.2f} |")
+        ratio = statistics.median(a / b for a, b in zip(rates[v], rates["stock"]))
+        print(f"| {names[v]} | {statistics.median(rates[v]):.0f} | {ratio:.2f} |")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,15 @@ thread, our tree on one thread:
 * **update** — ``buffer.update_weight(indices, td)`` with a torch TD-error tensor;
 * **hasnull** — the collector's NaN check after each ``collect``.
 
+``--e2e`` measures the whole loop instead: env-steps/s of Tianshou DQN on CartPole-v1
+with 4 envs through ``OffPolicyTrainer`` and :class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper`
+(the standard setup of ``hetero_replay.adapters.tianshou.workload``: buffer 50k
+filled with 1000 random steps, 16 env steps and 4 updates of batch 64 per training
+step), with our buffer at staleness 0 and 1 and with Tianshou's
+``PrioritizedVectorReplayBuffer``; runs interleaved, median of paired ratios:
+
+    python benchmarks/bench_tianshou_buffer.py --e2e --steps 8000 --repeats 5
+
 Contenders: ``ours`` = :class:`~hetero_replay.adapters.tianshou.HeteroPrioritizedVectorReplayBuffer`,
 ``tianshou-per`` = ``PrioritizedVectorReplayBuffer``, ``tianshou-uniform`` =
 ``VectorReplayBuffer`` (no priorities: it has no ``update``). Transitions are
@@ -27,6 +36,7 @@ import argparse
 import itertools
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -59,7 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--min-time", type=float, default=0.05, help="seconds of calls per repeat")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--e2e", action="store_true", help="env-steps/s of DQN CartPole training instead")
+    parser.add_argument("--steps", type=int, default=8000, help="--e2e: env steps per timed run (default 8000)")
     args = parser.parse_args(argv)
+    if args.e2e:
+        return end_to_end(args.steps, 5 if args.repeats == 15 else args.repeats)
     envs, repeats, min_time = ([1, 4], 3, 0.01) if args.quick else (args.envs, args.repeats, args.min_time)
     torch.set_num_threads(1)
     hetero_replay.set_num_threads(1)
@@ -72,6 +86,74 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / f"{name}.md").write_text(text)
     print(text)
     return 0
+
+
+#: --e2e contenders: label -> (our buffer?, staleness).
+E2E = {"tianshou-per": (False, 0), "ours-k0": (True, 0), "ours-k1": (True, 1)}
+
+
+def end_to_end(steps: int, repeats: int) -> int:
+    """Env-steps/s of DQN CartPole (4 envs) training with each buffer of :data:`E2E`, interleaved; a table."""
+    import statistics
+
+    torch.set_num_threads(1)
+    hetero_replay.set_num_threads(1)
+    rates: dict[str, list[float]] = {label: [] for label in E2E}
+    for r in range(repeats):
+        for label, (ours, staleness) in E2E.items():
+            rates[label].append(train_rate(ours, staleness, steps, seed=r))
+            print(f"repeat {r + 1}/{repeats} {label:14s} {rates[label][-1]:8.0f} env-steps/s", flush=True)
+    print(f"\n| DQN CartPole, 4 envs | env-steps/s (median of {repeats}) | ratio to tianshou-per (median of paired) |")
+    print("|---|---|---|")
+    for label, values in rates.items():
+        ratio = statistics.median(a / b for a, b in zip(values, rates["tianshou-per"]))
+        print(f"| {label} | {statistics.median(values):.0f} | {ratio:.2f} |")
+    return 0
+
+
+def train_rate(ours: bool, staleness: int, steps: int, seed: int) -> float:
+    """One timed ``OffPolicyTrainer`` epoch of ``steps`` env steps (after 1000 random ones); env-steps/s."""
+    import gymnasium as gym
+    from tianshou.data import Collector, CollectStats
+    from tianshou.env import DummyVectorEnv
+    from tianshou.trainer import OffPolicyTrainerParams
+
+    from hetero_replay.adapters.tianshou import LinearBetaSchedule, PEROffPolicyWrapper
+    from hetero_replay.adapters.tianshou.workload import STANDARD_HYPERPARAMS, standard_algorithm
+
+    hp, n_envs = STANDARD_HYPERPARAMS["dqn"], 4
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    algorithm = PEROffPolicyWrapper(
+        wrapped_algorithm=standard_algorithm("dqn", gym.make("CartPole-v1"), hp),
+        beta=LinearBetaSchedule(0.4, 1.0, 100_000),
+        staleness=staleness,
+    )
+    algorithm.policy.set_eps_training(hp.extra["eps_final"])
+    if ours:
+        buffer: Any = HeteroPrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=0.6, beta=0.4, random_seed=seed)
+    else:
+        buffer = PrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=0.6, beta=0.4)
+    envs = DummyVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n_envs)])
+    envs.seed(seed)
+    collector = Collector[CollectStats](algorithm, envs, buffer, exploration_noise=True)
+    collector.reset()
+    collector.collect(n_step=hp.warmup_steps, random=True)
+    per_step = hp.collect_per_env * n_envs
+    trainer = algorithm.create_trainer(
+        OffPolicyTrainerParams(
+            training_collector=collector, test_collector=None, max_epochs=1, epoch_num_steps=steps,
+            collection_step_num_env_steps=per_step, update_step_num_gradient_steps_per_sample=hp.updates_per_step,
+            batch_size=hp.batch_size, verbose=False, show_progress=False,
+        )
+    )  # fmt: skip
+    trainer.reset()  # the envs and the collector's counts, not the buffer
+    before = collector.collect_step
+    start = time.perf_counter()
+    trainer.execute_epoch()
+    rate = (collector.collect_step - before) / (time.perf_counter() - start)
+    collector.close()
+    return rate
 
 
 def step_batches(envs: int, count: int, rng: np.random.Generator) -> list[Batch]:
