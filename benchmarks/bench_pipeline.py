@@ -86,7 +86,7 @@ class Plan:
     repeats: int
     min_time: float
     obs_dim: int
-    worker: str = "auto"  # RelaxedReplay's worker mode
+    workers: tuple[str, ...] = ("auto",)  # RelaxedReplay's worker modes: the first is the reference
 
 
 # 8x8 nets: the replay-heavy cells, where replay is a large share of a strict step.
@@ -107,10 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.repeats or base.repeats,
         args.min_time or base.min_time,
         args.obs_dim,
-        args.worker,
+        tuple(args.worker),
     )
     custom = args.capacities or args.batches or args.hidden
-    name = args.name or ("quick" if args.quick else "custom" if custom else "full") + f"-{args.worker}"
+    name = args.name or ("quick" if args.quick else "custom" if custom else "full") + f"-{'-'.join(args.worker)}"
     results = run(plan)
     results["summary"] = summarize(results)
     out = Path(args.out)
@@ -160,7 +160,7 @@ def run(plan: Plan) -> dict[str, Any]:
         "machine": machine,
         "plan": asdict(plan),
         "workload": {"alpha": 0.6, "beta": 0.4, "eps": 1e-6, "tree": "native", "n_actions": N_ACTIONS,
-                     "optimizer": "Adam(lr=1e-4)", "relaxed": f"RelaxedReplay(staleness=k, prefetch=k, worker={plan.worker!r})"},
+                     "optimizer": "Adam(lr=1e-4)", "relaxed": f"RelaxedReplay(staleness=k, prefetch=k, worker=w) for w in {plan.workers}"},
         "method": {
             "statistic": "median over interleaved repeats of seconds per learner step",
             "torch_threads": torch.get_num_threads(),
@@ -196,7 +196,8 @@ def _buffers(capacity: int, plan: Plan, rng: np.random.Generator) -> Buffers:
 
     buffers: Buffers = {"strict": filled()}
     for k in plan.staleness:
-        buffers[f"k={k}"] = RelaxedReplay(filled(), staleness=k, prefetch=k, worker=plan.worker)
+        for w in plan.workers:
+            buffers[_variant(k, w, plan.workers)] = RelaxedReplay(filled(), staleness=k, prefetch=k, worker=w)
     return buffers
 
 
@@ -282,7 +283,8 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def markdown(results: dict[str, Any], name: str, png: Path) -> str:
     m, plan, meth = results["machine"], results["plan"], results["method"]
-    cells, ks = results["summary"], [f"k={k}" for k in plan["staleness"]]
+    cells = results["summary"]
+    ks = [_variant(k, w, plan["workers"]) for k in plan["staleness"] for w in plan["workers"]]
     ref = cells[0]["reference"]
     out = [
         f"# Relaxed-replay pipeline benchmark: {name}",
@@ -346,7 +348,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     for (i, capacity), (j, hidden) in itertools.product(enumerate(rows), enumerate(cols)):
         ax, mine = axes[i][j], [c for c in cells if (c["capacity"], c["hidden"]) == (capacity, hidden)]
         xs = [c["batch"] for c in mine]
-        for v in ["strict", *(f"k={k}" for k in plan["staleness"])]:
+        for v in ["strict", *(_variant(k, w, plan["workers"]) for k in plan["staleness"] for w in plan["workers"])]:
             ax.plot(xs, [c["steps_per_s"][v] for c in mine], marker="o", lw=2.2 if v == "strict" else 1.4, label=v)
         ax.plot(xs, [c["bound_steps_per_s"] for c in mine], "k--", lw=1, label="bound 1/max(T_replay, T_train)")
         ax.set_xscale("log", base=2)
@@ -365,6 +367,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 # -- command line -----------------------------------------------------------------------
+
+
+def _variant(k: int, worker: str, workers: Sequence[str]) -> str:
+    """A relaxed buffer's column: ``k=<k>`` for the first worker mode, ``k=<k> <worker>`` for the others."""
+    return f"k={k}" if worker == workers[0] else f"k={k} {worker}"
 
 
 def _hname(hidden: Hidden) -> str:
@@ -387,9 +394,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--worker",
         choices=WORKER_MODES,
-        default="auto",
+        nargs="+",
+        default=["auto"],
         help="RelaxedReplay's worker: native (C++ thread, no GIL), thread (a Python thread), inline, "
-        "auto (native where it applies; default)",
+        "auto (native where it applies; default); several: compared in one run, the first is the reference",
     )
     p.add_argument("--name", help="output stem after 'pipeline-' (default: full, quick or custom, then -WORKER)")
     return p.parse_args(argv)

@@ -228,13 +228,17 @@ def test_a_forked_child_of_a_native_pipeline_continues_exactly_like_the_parent(t
         if pid == 0:  # the child: never return into pytest
             code = 1
             try:
-                out.write_bytes(pickle.dumps(_continue(buf, 5)))
+                thread_after_fork = buf._core.executor.thread_alive  # the parent's thread is not copied
+                result = _continue(buf, 5)
+                result["thread_after_fork"] = thread_after_fork
+                out.write_bytes(pickle.dumps(result))
                 code = 0
             finally:
                 os._exit(code)
         parent = _continue(buf, 5)
         assert _wait_or_kill(pid, timeout=30) == 0
         child = pickle.loads(out.read_bytes())
+        assert not child["thread_after_fork"]
         assert_same_batches(child["batches"], parent["batches"])
         np.testing.assert_array_equal(child["leaves"], parent["leaves"])
         assert child["max_priority"] == parent["max_priority"]

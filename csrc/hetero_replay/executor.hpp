@@ -13,8 +13,13 @@
 // for its running job and starts no other (the child gets whole jobs only);
 // in the child the thread is gone, so waiting runs the queued jobs on the
 // waiting thread and the next submit starts a new thread.
+//
+// Whoever waits for a job that has not started runs it (and those before it)
+// itself, so a thread the OS keeps off the CPU (a busy machine) costs the
+// learner no more than doing the work inline.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -190,21 +195,22 @@ class Executor {
     work_.notify_one();
   }
 
-  // Returns once `job` is done; with no thread (stopped, or in a forked child)
-  // runs the jobs up to it here.
+  // Returns once `job` is done. A job no thread has started yet runs here (caller
+  // runs, as in the task pool: a worker the OS has not scheduled delays
+  // nothing); one the thread is running is waited for, spinning briefly first.
   void wait(Job* job) {
+    const auto spin_until = std::chrono::steady_clock::now() + kSpin;
     std::unique_lock<std::mutex> lock(mutex_);
     while (!job->done) {
-      if (thread_alive_) {
+      if (!running_ && !queue_.empty()) {
+        run_front(lock);
+      } else if (std::chrono::steady_clock::now() < spin_until) {
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+      } else {
         done_.wait(lock);
-        continue;
       }
-      Job* next = queue_.front();
-      lock.unlock();
-      run_job(context_, *next);
-      lock.lock();
-      queue_.pop_front();
-      next->done = true;
     }
   }
 
@@ -236,19 +242,29 @@ class Executor {
   void loop() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
-      work_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
+      work_.wait(lock, [&] { return stopped_ || (!running_ && !queue_.empty()); });
       if (stopped_) return;
-      Job* job = queue_.front();
-      running_ = true;
-      lock.unlock();
-      run_job(context_, *job);
-      lock.lock();
-      queue_.pop_front();
-      job->done = true;
-      running_ = false;
-      done_.notify_all();
+      run_front(lock);
     }
   }
+
+  // Runs the oldest job, holding `lock` before and after (not during).
+  void run_front(std::unique_lock<std::mutex>& lock) {
+    Job* job = queue_.front();
+    running_ = true;
+    lock.unlock();
+    run_job(context_, *job);
+    lock.lock();
+    queue_.pop_front();
+    job->done = true;
+    running_ = false;
+    done_.notify_all();
+    if (!queue_.empty()) work_.notify_one();
+  }
+
+  // How long a waiter polls a job the thread is running before it sleeps: a
+  // learner that finds its batch nearly drawn skips a futex wake-up.
+  static constexpr std::chrono::microseconds kSpin{100};
 
   // Every live executor, for the fork handlers (registered after the trees' ForkGuard,
   // so they run before it: a running job holds a tree's lock).
