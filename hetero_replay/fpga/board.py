@@ -491,7 +491,7 @@ class BoardRmm:
 
     def read_register(self, offset: int) -> int:
         """The RMM's 32-bit register at byte ``offset`` (one of ``protocol.REGISTERS``; STATUS clears on read)."""
-        offset = P.check_register(offset)[0]
+        offset = P.check_register(offset)
         with self._lock:
             self._check_open()
             return int(self._rmm.read(offset)) & P.NONE32
@@ -503,7 +503,7 @@ class BoardRmm:
             ValueError: another register, a value outside 32 bits, or a capacity
                 outside ``1 .. MAX_LEAVES`` (the overlay's on-chip limit).
         """
-        offset, value = P.check_register(offset, value)
+        offset, value = P.check_register_write(offset, value)
         with self._lock:
             self._check_usable()
             if offset == P.REG_CAPACITY:

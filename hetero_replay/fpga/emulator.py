@@ -75,10 +75,10 @@ class EmulatedRmm:
         return np.asarray(self._rmm.run(P.command_words(commands)), np.uint64)
 
     def read_register(self, offset: int) -> int:
-        return int(self._rmm.read_register(P.check_register(offset)[0]))
+        return int(self._rmm.read_register(P.check_register(offset)))
 
     def write_register(self, offset: int, value: int) -> None:
-        self._rmm.write_register(*P.check_register(offset, value))
+        self._rmm.write_register(*P.check_register_write(offset, value))
 
     def counters(self) -> dict[str, int]:
         """Firings per pipeline stage, the ``"cycles"`` estimate and ``"fifo_max:<stream>"`` occupancies."""

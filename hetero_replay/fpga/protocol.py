@@ -163,15 +163,18 @@ def command_words(commands: Any) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
-def check_register(offset: Any, value: Any = None) -> tuple[int, int | None]:
-    """A register access checked: ``offset`` one of :data:`REGISTERS` (with ``value``: a writable one)
-    and ``value`` 32 bits. ``TypeError`` / ``ValueError`` naming the argument."""
+def check_register(offset: Any) -> int:
+    """``offset`` as one of :data:`REGISTERS`: ``TypeError`` / ``ValueError`` naming it."""
     offset = check_int(offset, "register offset")
     if offset not in REGISTERS.values():
         listing = ", ".join(f"{name} ({off:#x})" for name, off in REGISTERS.items())
         raise ValueError(f"no RMM register at offset {offset:#x}; the registers are {listing}")
-    if value is None:
-        return offset, None
+    return offset
+
+
+def check_register_write(offset: Any, value: Any) -> tuple[int, int]:
+    """``(offset, value)`` of a register write: a writable register, a 32-bit value (``TypeError`` / ``ValueError``)."""
+    offset = check_register(offset)
     if offset not in WRITABLE_REGISTERS:
         raise ValueError(
             f"register {offset:#x} is not writable; CAPACITY ({REG_CAPACITY:#x}) and INIT_MAX ({REG_INIT_MAX:#x}) are"
@@ -271,6 +274,7 @@ def split_response(words: Any, n: int) -> tuple[np.ndarray, Trailer]:
 
 __all__ = [
     "check_register",
+    "check_register_write",
     "check_shape",
     "command_words",
     "ERROR_BIT",

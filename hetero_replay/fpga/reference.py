@@ -61,6 +61,7 @@ from hetero_replay.fpga.protocol import (
     REG_TOTAL_HI,
     REG_TOTAL_LO,
     check_register,
+    check_register_write,
     check_shape,
     command_words,
     header,
@@ -180,7 +181,7 @@ class ReferenceRmm:
 
     def read_register(self, offset: int) -> int:
         """The 32-bit register at byte ``offset`` (reading STATUS clears its sticky error bit)."""
-        offset = check_register(offset)[0]
+        offset = check_register(offset)
         total, (min_q, max_q) = self._total(), self._min_max()
         if offset == REG_STATUS:
             status, self._sticky = int(self._sticky), False
@@ -202,12 +203,11 @@ class ReferenceRmm:
 
     def write_register(self, offset: int, value: int) -> None:
         """Write CAPACITY (re-sizes the tree, which is then CLEARed) or INIT_MAX (used by the next CLEAR)."""
-        offset, checked = check_register(offset, value)
-        assert checked is not None
+        offset, value = check_register_write(offset, value)
         if offset == REG_CAPACITY:
-            self._resize(checked)
+            self._resize(value)
         else:
-            self._init_max = checked
+            self._init_max = value
 
     # -- the state ---------------------------------------------------------------------------
 

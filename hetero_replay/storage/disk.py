@@ -304,12 +304,12 @@ class DiskStorage(RingOwner):
             "path": path, "ram_bytes": ram_bytes, "read_threads": read_threads, "flush_every": flush_every,
             "flush_seconds": flush_seconds, "reopen": reopen, "abandon_after": abandon_after,
         })  # fmt: skip
-        path, read_threads, reopen, abandon_after = o["path"], o["read_threads"], o["reopen"], o["abandon_after"]
+        read_threads, reopen, abandon_after = o["read_threads"], o["reopen"], o["abandon_after"]
         #: When durable points are due; it counts the tickets the learner has polled.
         self.schedule = FlushSchedule(o["flush_every"], o["flush_seconds"])
         self.schema = schema if isinstance(schema, Schema) else Schema(schema)
         self.capacity = int(capacity)
-        self.path = path
+        self.path: Path = o["path"]
         self.format = RecordFormat(self.schema)
         self.read_threads = read_threads
         self.cache_rows = min(self.capacity, ram_bytes // self.format.bytes)
