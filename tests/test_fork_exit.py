@@ -28,6 +28,7 @@ import pytest
 ENGINE_ENTRIES = ["add", "sample", "update_priorities", "state_dict", "load_state_dict", "save", "flush", "close"]
 ENTRIES = {
     "engine": ENGINE_ENTRIES,
+    "fpga": ENGINE_ENTRIES,  # the engine on the FPGA tree (its emulation: C++ of the HLS source, GIL released)
     "relaxed": ENGINE_ENTRIES,
     "sb3": ["add", "sample", "update_priorities", "update_priorities_tensor", "reset"],
     "tianshou": ["add", "sample", "update_weight", "update_weight_tensor"],
@@ -51,14 +52,14 @@ def rows(n):
 def engine():
     from hetero_replay import PrioritizedReplay, RelaxedReplay
 
-    buf = PrioritizedReplay(4 * N, SCHEMA, seed=0)
+    buf = PrioritizedReplay(4 * N, SCHEMA, seed=0, tree="fpga" if kind == "fpga" else "auto")
     buf.add(rows(4 * N))
     return RelaxedReplay(buf, staleness=1, worker="thread") if kind == "relaxed" else buf
 
 
 def build():
     """Returns (buffer, {entry: one call of it}, a use of the buffer that a forked child makes)."""
-    if kind in ("engine", "relaxed"):
+    if kind in ("engine", "relaxed", "fpga"):
         buf = engine()
         state = buf.state_dict()
         idx, td = np.arange(N), np.random.default_rng(0).random(N)
