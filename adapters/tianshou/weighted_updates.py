@@ -13,6 +13,9 @@ DQN, Huber          ``huber_loss(q, returns, reduction="mean")`` -- weights
                     **dropped** (``huber_loss_delta`` set)
 DDPG, TD3, SAC      ``_minimize_critic_squared_loss``: ``(td ** 2 * weight).mean()``
                     per critic -- weighted
+C51, RainbowDQN     ``(cross_entropy * weight).mean()`` (cross-entropy of the
+                    projected target distribution per sample) -- weighted;
+                    RainbowDQN samples the noisy layers' noise, then runs C51's step
 ==================  ==========================================================
 
 :func:`weighted_update` runs a step that is guaranteed to weight the loss:
@@ -24,14 +27,16 @@ train silently without the correction.
 The TD errors fed back as priorities are Tianshou's own: ``returns - q`` for DQN,
 ``q - target`` for DDPG, and for TD3 and SAC the mean of the two critics'
 errors, ``(td1 + td2) / 2``, which can understate a transition's priority where
-the two critics straddle the target.
+the two critics straddle the target. C51 and RainbowDQN feed back the per-sample
+cross-entropy (the Rainbow paper's KL loss up to the target's entropy), which is
+never 0; that is Tianshou's choice, kept.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from tianshou.algorithm import DDPG, DQN
+from tianshou.algorithm import C51, DDPG, DQN, RainbowDQN
 from tianshou.algorithm.algorithm_base import OffPolicyAlgorithm, TrainingStats
 from tianshou.algorithm.modelfree.reinforce import SimpleLossTrainingStats
 from tianshou.algorithm.modelfree.sac import SAC
@@ -40,10 +45,16 @@ from tianshou.data import to_torch_as
 from tianshou.data.types import RolloutBatchProtocol
 
 #: Update steps that weight their TD loss by ``batch.weight`` in every configuration.
-_WEIGHTING_STEPS = (DDPG._update_with_batch, TD3._update_with_batch, SAC._update_with_batch)
+_WEIGHTING_STEPS = (
+    DDPG._update_with_batch,
+    TD3._update_with_batch,
+    SAC._update_with_batch,
+    C51._update_with_batch,
+    RainbowDQN._update_with_batch,
+)
 
 #: What :func:`check_supported` accepts, for error messages.
-SUPPORTED = "DQN (MSE or Huber loss), DDPG, TD3, SAC and subclasses that keep their update step"
+SUPPORTED = "DQN (MSE or Huber loss), DDPG, TD3, SAC, C51, RainbowDQN and subclasses that keep their update step"
 
 
 def check_supported(algorithm: OffPolicyAlgorithm) -> None:
