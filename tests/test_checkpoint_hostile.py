@@ -714,3 +714,17 @@ def test_saved_file_mode_follows_the_umask(tmp_path, umask):
     finally:
         os.umask(old)
     assert (tmp_path / "replay.hrz").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_device_is_refused_not_waited_on(tmp_path, kind):
+    """``load`` / ``reopen`` of a FIFO hung in ``open`` for good; a device was read without end."""
+    if kind == "fifo":
+        path = tmp_path / "buffer.hrz"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    with pytest.raises(checkpoint.ReplayFileError, match="not a regular file"):
+        checkpoint.read(path)
+    with pytest.raises(IsADirectoryError):
+        checkpoint.read(tmp_path)

@@ -31,6 +31,7 @@ machine fails when it is built, with ``MemoryError``.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -41,7 +42,7 @@ import stat
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -231,6 +232,23 @@ def _fsync_dir(directory: Path) -> None:
 # -- reading ------------------------------------------------------------------------------
 
 
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading, refused unless a regular file.
+
+    Opened without blocking: a FIFO (or a device) named by mistake or planted
+    would hang ``open`` or never end the read; it is a ``ReplayFileError``. A
+    directory stays the ``IsADirectoryError`` ``open`` raises.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        raise ReplayFileError(f"{path}: not a replay file (not a regular file: {stat.filemode(mode)})")
+    return os.fdopen(fd, "rb")
+
+
 def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Read and verify a file written by :func:`write`; return ``(header, arrays)``.
 
@@ -244,7 +262,7 @@ def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, np.nda
         OSError: ``path`` can't be opened (missing, a directory, no permission).
     """
     path = Path(path)
-    with open(path, "rb") as raw:  # not being able to open it is not a damaged file: raised as is
+    with _open_regular(path) as raw:  # not being able to open it is not a damaged file: raised as is
         try:
             archive_size = os.fstat(raw.fileno()).st_size
             with zipfile.ZipFile(raw, "r") as zf:
