@@ -1,7 +1,7 @@
 # One way to set up, run and test. Every target creates .venv on first use.
 #   make demo    the main job: a short PER-vs-uniform comparison and the quick benchmark
 #   make test    the test suite: pytest, the C++ unit tests, the FPGA module's C-simulation test bench and
-#                its board-driver tests (what CI runs, with make lint)
+#                its board-driver tests (what CI runs, with make lint; ~20 min on a fresh clone on 2 cores)
 #   make bench   the full replay benchmark (long; writes benchmarks/results/)
 
 PYTHON ?= python3
@@ -13,8 +13,9 @@ FPGA_STAMP := $(FPGA_VENV)/.installed
 
 .PHONY: demo test test-cpp test-fpga-board lint typecheck bench clean
 
-# ~4 minutes on 2 cores: SB3 DQN on CartPole with the stock uniform buffer vs PERDQN (2 seeds),
-# then the quick replay benchmark against cpprb, TorchRL, Tianshou and SB3.
+# SB3 DQN on CartPole with the stock uniform buffer vs PERDQN (2 seeds), then the quick replay benchmark
+# against cpprb, TorchRL, Tianshou and SB3: 5 min on a fresh clone on 2 cores, the first build of .venv
+# included (README, "Set up and run": the pieces, and what a busy machine does to them).
 demo: $(STAMP)
 	$(BIN)/hetero-replay compare --lib sb3 --algo dqn --env CartPole-v1 --steps 15000 --seeds 2 --eval-every 1500
 	$(BIN)/python benchmarks/bench_replay.py --quick
