@@ -59,10 +59,11 @@ import functools
 import os
 import threading
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -134,6 +135,12 @@ class ShardedReplay:
             (one round per step; batch ``t`` sees the updates of steps ``<= t - 2``); ``2``: also
             the next batch is drawn while the learner trains on this one (no round trip exposed;
             batch ``t`` sees the updates of steps ``<= t - 3``). Deterministic for a seed.
+        batches_per_call: ``m``, the batches each call to a shard draws at once (with ``staleness`` >= 1):
+            the learner sends one call per shard every ``m`` batches instead of every batch. The ``m``
+            batches are drawn from one state, exactly for it (see ``docs/distributed.md``), so they
+            see ``m - 1`` fewer updates than ``staleness`` alone: batch ``j`` of a call (from 0) is
+            ``k + m - 1 + j`` steps stale (the schedule of :mod:`hetero_replay.schedule` with
+            ``k + m - 1`` for the call's first batch). ``1`` (the default): one call per batch.
         max_redraws: batch redraws when shards changed under a draw (see the module docstring).
         recovery_timeout: seconds to wait for a dead shard's restart before :class:`~.cluster.ShardLostError`.
         actor_options: extra Ray actor options of the shards (``resources``, ``scheduling_strategy``, ...):
@@ -172,6 +179,7 @@ class ShardedReplay:
         detached: bool = False,
         stage_rows: int = 4096,
         staleness: int | StalenessOptions = 0,
+        batches_per_call: int = 1,
         max_redraws: int = 8,
         recovery_timeout: float = 120.0,
         actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
@@ -182,6 +190,7 @@ class ShardedReplay:
         check_int(max_redraws, "max_redraws", 0, 2**20)
         check_int(stage_rows, "stage_rows", 0, 2**40)
         staleness = _sharded_staleness(staleness)
+        _check_batches_per_call(batches_per_call, staleness)
         for arg, value in (("flush_seconds", flush_seconds), ("recovery_timeout", recovery_timeout)):
             check_real(value, arg, positive=True, finite=False)
         if storage not in SHARD_STORAGES:
@@ -233,7 +242,7 @@ class ShardedReplay:
             for k in range(num_shards)
         ]
         try:
-            self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness)
+            self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness, batches_per_call)
         except BaseException:
             if not running:  # shards this call started (one failed to start): none is left behind
                 for h in handles:
@@ -243,21 +252,23 @@ class ShardedReplay:
     @classmethod
     def attach(
         cls, name: str, address: str | None = None, seed: int | None = None, max_redraws: int = 8,
-        recovery_timeout: float = 120.0, staleness: int | StalenessOptions = 0,
+        recovery_timeout: float = 120.0, staleness: int | StalenessOptions = 0, batches_per_call: int = 1,
     ) -> ShardedReplay:  # fmt: skip
         """The learner side of running (detached) shards named ``name``: a restarted learner continues with them."""
+        staleness = _sharded_staleness(staleness)
+        _check_batches_per_call(batches_per_call, staleness)
         cluster.connect(address)
         handles = cluster.find_shards(name)
         self = cls.__new__(cls)
         self.address = cluster.connect(address)
         self.name, self.detached = name, True
         config = cluster.ray_module().get(handles[0].__ray_call__.remote(lambda shard: shard.config))
-        self._setup(handles, config, seed, max_redraws, recovery_timeout, _sharded_staleness(staleness))
+        self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness, batches_per_call)
         return self
 
     def _setup(
         self, handles: list[Any], config: ShardConfig, seed: int | None, max_redraws: int, recovery_timeout: float,
-        staleness: StalenessOptions,
+        staleness: StalenessOptions, batches_per_call: int,
     ) -> None:  # fmt: skip
         self._ray = cluster.ray_module()
         self._shards = handles
@@ -273,9 +284,12 @@ class ShardedReplay:
         self._pending: list[tuple[int, Any]] = []  # (shard, reply of an update or add not yet collected)
         self._next_shard = 0
         self.schedule_options = staleness
+        self.batches_per_call = batches_per_call
         # staleness >= 1: checked updates held back, to ride on the shards' draw calls when the schedule says.
-        self._schedule = Schedule(staleness.staleness)
+        # A call draws m batches from one state: its first batch is k + m - 1 steps stale (see _send_draw).
+        self._schedule = Schedule(staleness.staleness + batches_per_call - 1 if staleness.staleness else 0)
         self._prefetched: tuple[int, np.ndarray, list[Any]] | None = None  # staleness 2: (n, shard_of, replies)
+        self._ready: deque[_Drawn] = deque()  # the batches of the last call not served yet
         self._max_leaf = max_leaf(np.dtype(self.options.priority_dtype), config.capacity)
         self.stats = {"batches": 0, "redraws": 0, "inexact_batches": 0, "dropped_updates": 0, "recoveries": 0}
         self._summaries: list[ShardSummary] = [
@@ -400,12 +414,22 @@ class ShardedReplay:
         b = self._beta if beta is None else check_beta(beta)
         with self._lock:
             self._collect()
-            batch = self._take_prefetched(n, b)
+            batch = self._take_ready(n, b)
+            if batch is None:
+                batch = self._take_prefetched(n, b)
             if batch is None:
                 batch = self._draw_now(n, b)
-            if self.staleness == 2:  # (with 1, the draw sent ahead would need its updates sent in a round of their own)
+            # The next call goes out once this one's batches are all served (staleness 1 would need the
+            # draw sent ahead to wait for its updates in a round of their own).
+            if self.staleness == 2 and not self._ready:
                 self._prefetch(n)
             return batch
+
+    def _take_ready(self, n: int, beta: float) -> Sample | None:
+        """The next batch the last call drew, if it has one of ``n`` transitions (others are dropped)."""
+        if self._ready and len(self._ready[0].index) != n:
+            self._ready.clear()  # another batch size is asked for: the call's remaining batches are dropped
+        return self._serve(self._ready.popleft(), beta) if self._ready else None
 
     def _draw_now(self, n: int, beta: float) -> Sample:
         """Draw a batch and wait for it, redrawing while shards changed under it (see the module docstring)."""
@@ -419,7 +443,7 @@ class ShardedReplay:
             shard_of, offsets = self._route(n, totals)
             draws = self._receive(self._send_draw(shard_of, offsets, totals, attempt == self.max_redraws))
             if draws is not None:
-                return self._accept(shard_of, draws, beta)
+                return self._accept(n, shard_of, draws, beta)
             self.stats["redraws"] += 1
         raise ValueError("the sharded replay's priority mass vanished while drawing (all shards cleared)")
 
@@ -440,13 +464,21 @@ class ShardedReplay:
             self.stats["redraws"] += 1
         if draws is None or size != n:  # (a batch of another size is asked for: this one is dropped)
             return None
-        return self._accept(shard_of, draws, beta)
+        return self._accept(n, shard_of, draws, beta)
 
-    def _accept(self, shard_of: np.ndarray, draws: list[ShardDraw], beta: float) -> Sample:
+    def _accept(self, n: int, shard_of: np.ndarray, draws: list[ShardDraw], beta: float) -> Sample:
+        """Serve the first of the call's batches (of ``n``); the others wait in :attr:`_ready`."""
+        inexact = not all(d.current for d in draws)
+        first, *rest = self._assemble(n, shard_of, draws, inexact)
+        self._ready.extend(rest)
+        return self._serve(first, beta)
+
+    def _serve(self, drawn: _Drawn, beta: float) -> Sample:
+        """A drawn batch goes to the learner: a step of the schedule, IS weights with ``beta`` now."""
         self._schedule.serve(0)  # (each index carries its own shard's write epoch)
         self.stats["batches"] += 1
-        self.stats["inexact_batches"] += not all(d.current for d in draws)
-        return self._assemble(shard_of, draws, beta)
+        self.stats["inexact_batches"] += drawn.inexact
+        return Sample(drawn.data, drawn.index, _native.is_weights(drawn.priorities, drawn.global_min, beta))
 
     def update_priorities(self, indices: Any, td_errors: Any) -> None:
         """Set the priorities of sampled transitions from their ``|TD error|`` (``(|td| + eps) ** alpha``).
@@ -527,10 +559,15 @@ class ShardedReplay:
     # -- routing and assembling ------------------------------------------------------------
 
     def _route(self, n: int, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``n`` global draws as (shard, offset inside it), from the learner's generator."""
+        """The draws of :attr:`batches_per_call` batches of ``n`` as (shard, offset inside it), batch after batch.
+
+        Each batch is ``n`` global draws from the learner's generator (stratified per batch).
+        """
         grand = float(totals.sum())
-        u = self.rng.random(n)
+        u = self.rng.random(self.batches_per_call * n).reshape(self.batches_per_call, n)
         mass = (np.arange(n, dtype=np.float64) + u) * (grand / n) if self.options.stratified else u * grand
+        mass = mass.reshape(-1)
+        n = mass.size
         prefix = np.cumsum(totals)
         shard_of = np.searchsorted(prefix, mass, side="right")
         # A draw rounded onto the grand total, or onto a prefix that only empty shards follow, goes to the last shard with mass.
@@ -552,16 +589,18 @@ class ShardedReplay:
     ) -> list[Any]:
         """One draw call per shard, all sent at once; their replies.
 
-        The draw is the batch of the schedule's next step ``j``. Held-back updates
-        that batch must see go out first, on their own (a shard runs one caller's
-        calls in order); those the batch after it must see ride on this draw,
-        applied after serving it.
+        The call draws the batches of the schedule's next ``m`` steps ``j .. j + m - 1``
+        (``m`` = :attr:`batches_per_call`) from one state, the one batch ``j`` sees
+        (the schedule runs with staleness ``k + m - 1``). Held-back updates that
+        batch must see go out first, on their own (a shard runs one caller's calls
+        in order); those the next call's first batch ``j + m`` must see ride on
+        this call, applied after serving it.
         """
-        j = self._schedule.served
+        j, m = self._schedule.served, self.batches_per_call
         while (update := self._schedule.due(j)) is not None:
             self._send_updates(update.indices, update.td_errors)
         carry: list[list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = [[] for _ in self._shards]
-        while (update := self._schedule.due(j + 1)) is not None:
+        while (update := self._schedule.due(j + m)) is not None:
             for k, part in _by_shard(update.indices, update.td_errors):
                 carry[k].append(part)
         top = max(s.max_priority for s in self._summaries)
@@ -580,9 +619,13 @@ class ShardedReplay:
         """Wait for the draw replies; ``None`` if any shard had changed (or died: it is waited for)."""
         draws: list[ShardDraw] = []
         lost = False
+        try:
+            got = self._ray.get(replies)  # one wait for all (the common case)
+        except cluster.actor_errors():
+            got = None  # a shard died: each reply is waited for on its own below
         for k, ref in enumerate(replies):
             try:
-                draw = self._ray.get(ref)
+                draw = self._ray.get(ref) if got is None else got[k]
             except cluster.actor_errors():
                 self._recover(k)
                 lost = True
@@ -594,7 +637,8 @@ class ShardedReplay:
             return None
         return draws
 
-    def _assemble(self, shard_of: np.ndarray, draws: list[ShardDraw], beta: float) -> Sample:
+    def _assemble(self, n: int, shard_of: np.ndarray, draws: list[ShardDraw], inexact: bool) -> list[_Drawn]:
+        """The shards' replies put back in routed order, split into the call's batches of ``n``."""
         order = np.argsort(shard_of, kind="stable")  # concatenated shard replies are in this order
         in_order = bool((np.diff(shard_of) >= 0).all())  # stratified draws route in order already
         index = np.empty(len(shard_of), INDEX_DTYPE)
@@ -616,9 +660,13 @@ class ShardedReplay:
             data = {k: v[unsort] for k, v in data.items()}
         for k, v in parts.items():
             index[k] = v
-        global_min = min(d.min for d in draws)  # each shard's, when it served: the state the batch was drawn from
-        weights = _native.is_weights(priorities, global_min, beta)
-        return Sample(data, index, weights)
+        global_min = min(d.min for d in draws)  # each shard's, when it served: the state the batches were drawn from
+        return [
+            _Drawn(
+                {k: v[i : i + n] for k, v in data.items()}, index[i : i + n], priorities[i : i + n], global_min, inexact
+            )
+            for i in range(0, len(index), n)
+        ]
 
     # -- replies, failures, durable points -------------------------------------------------------
 
@@ -784,6 +832,26 @@ def _check_durable_dir(durable_dir: str, reopen: bool) -> None:
         )
     if reopen and not found:
         raise ValueError(f"reopen=True but durable_dir={durable_dir!r} holds no shard's durable point")
+
+
+class _Drawn(NamedTuple):
+    """A batch a call drew, not yet served: IS weights are made when it is (with the ``beta`` of that call)."""
+
+    data: dict[str, np.ndarray]
+    index: np.ndarray
+    priorities: np.ndarray  # p ** alpha of each transition when its shard served it
+    global_min: float  # the smallest positive p ** alpha over all shards then
+    inexact: bool  # some shard rescaled its offsets (served a newer state than routed)
+
+
+def _check_batches_per_call(batches_per_call: int, staleness: StalenessOptions) -> None:
+    """``batches_per_call`` above 1 draws several batches from one state: only a relaxed schedule allows it."""
+    check_int(batches_per_call, "batches_per_call", 1, 1024)
+    if batches_per_call > 1 and not staleness.staleness:
+        raise ValueError(
+            f"batches_per_call={batches_per_call} draws later batches before earlier updates apply: it needs "
+            "staleness >= 1 (staleness=0 is exact PER, each batch seeing every earlier update)"
+        )
 
 
 def _sharded_staleness(staleness: int | StalenessOptions) -> StalenessOptions:
