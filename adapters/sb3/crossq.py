@@ -72,7 +72,7 @@ class PERCrossQ(PERMixin, CrossQ):
 
             # Joint forward pass of obs/next_obs and actions/next_state_actions: the batch-norm
             # statistics of the mixture of both distributions, in one pass (see sb3-contrib's CrossQ).
-            all_obs = th.cat([replay_data.observations, replay_data.next_observations], dim=0)
+            all_obs = th.cat([replay_data.observations, replay_data.next_observations], dim=0)  # type: ignore[list-item]
             all_actions = th.cat([replay_data.actions, next_actions], dim=0)
             # Update critic BN stats
             self.critic.set_bn_training_mode(True)
@@ -118,6 +118,7 @@ class PERCrossQ(PERMixin, CrossQ):
 
                 # Optimize entropy coefficient, also called entropy temperature or alpha in the paper
                 if self.ent_coef_optimizer is not None:
+                    assert self.log_ent_coef is not None and isinstance(self.target_entropy, float)  # for type checker
                     ent_coef_loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()
                     ent_coef_losses.append(ent_coef_loss.item())
 
