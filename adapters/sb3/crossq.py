@@ -118,7 +118,9 @@ class PERCrossQ(PERMixin, CrossQ):
 
                 # Optimize entropy coefficient, also called entropy temperature or alpha in the paper
                 if self.ent_coef_optimizer is not None:
-                    assert self.log_ent_coef is not None and isinstance(self.target_entropy, float)  # for type checker
+                    assert self.log_ent_coef is not None and not isinstance(
+                        self.target_entropy, str
+                    )  # for type checker
                     ent_coef_loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()
                     ent_coef_losses.append(ent_coef_loss.item())
 

@@ -62,7 +62,9 @@ class PERTQC(PERMixin, TQC):
                 # so we don't change it with other losses
                 # see https://github.com/rail-berkeley/softlearning/issues/60
                 ent_coef = th.exp(self.log_ent_coef.detach())
-                assert isinstance(self.target_entropy, float)  # for type checker
+                assert not isinstance(
+                    self.target_entropy, str
+                )  # for type checker ("auto" was resolved in _setup_model)
                 ent_coef_loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()
                 ent_coef_losses.append(ent_coef_loss.item())
             else:
