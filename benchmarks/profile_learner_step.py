@@ -5,7 +5,9 @@ Each setup trains a real model (CartPole-v1, batch 64, buffer 50k, 2 000 steps o
 warm-up through the library's own loop), then runs ``--steps`` learner steps of the
 library's own ``train()`` / ``update()`` with the buffer's calls timed in place: the
 buffer's and the engine's classes are swapped for subclasses whose methods time
-themselves, so the step itself is untouched. Torch and our tree run on one thread.
+themselves, so the step itself is untouched. All setups live in one process and
+take turns every 50 steps; each phase's figure is its median over those chunks.
+Torch and our tree run on one thread.
 
 Phases (µs per learner step; "rest of the step" is what remains: forward, backward,
 optimizer, the losses' ``.item()``):
@@ -21,7 +23,10 @@ optimizer, the losses' ``.item()``):
 
 Before/after in one run: ``--compare DIR`` runs every repeat twice, in a fresh process
 each, alternating: once with the installed code and once with ``DIR`` first on
-``sys.path`` (a checkout of the starting commit; see benchmarks/README.md).
+``sys.path`` (a ``git worktree`` of the older commit, with the built ``_native*.so`` copied
+into its ``hetero_replay/`` and links ``hetero_replay/adapters -> ../adapters``,
+``hetero_replay/apps -> ../apps``; the ``sitecustomize.py`` drops the editable install's
+finder from ``sys.meta_path`` and puts the worktree first on ``sys.path``).
 
     python benchmarks/profile_learner_step.py                       # after only, 5 repeats
     python benchmarks/profile_learner_step.py --compare /tmp/before-site --repeats 5 \\
@@ -165,25 +170,29 @@ def tianshou_setup(name: str, clock: Clock) -> Callable[[], None]:
     return step
 
 
-def measure(names: Sequence[str], steps: int) -> dict[str, dict[str, float]]:
-    """µs per learner step of every phase, for each setup (one pass, setups in turn)."""
+def measure(names: Sequence[str], steps: int, chunk: int = 50) -> dict[str, dict[str, float]]:
+    """µs per learner step of every phase, for each setup: the median over chunks of ``chunk`` steps, the
+    setups taking turns chunk by chunk (so a burst of load on a shared machine hits them alike)."""
     import torch
 
     import hetero_replay
 
     torch.set_num_threads(1)
     hetero_replay.set_num_threads(1)
-    out = {}
-    for name in names:
-        clock = Clock()
-        step = (sb3_setup if name.startswith("sb3") else tianshou_setup)(name, clock)
+    clocks = {name: Clock() for name in names}
+    steps_of = {name: (sb3_setup if name.startswith("sb3") else tianshou_setup)(name, clocks[name]) for name in names}
+    for step in steps_of.values():
         for _ in range(50):  # settle: caches, the pipeline's worker mode
             step()
-        clock.total = dict.fromkeys(clock.total, 0.0)
-        for _ in range(steps):
-            step()
-        out[name] = {phase: seconds / steps * 1e6 for phase, seconds in clock.total.items()}
-    return out
+    chunks: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for _ in range(max(1, steps // chunk)):
+        for name, step in steps_of.items():
+            clock = clocks[name]
+            clock.total = dict.fromkeys(clock.total, 0.0)
+            for _ in range(chunk):
+                step()
+            chunks[name].append({phase: seconds / chunk * 1e6 for phase, seconds in clock.total.items()})
+    return {name: {p: statistics.median(c[p] for c in chunks[name]) for p in PHASES} for name in names}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -216,7 +225,8 @@ def markdown(runs: dict[str, list[dict[str, dict[str, float]]]], args: argparse.
         f"- **Run:** {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.processor() or 'cpu'}, "
         f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f} at the end; torch and our tree on 1 thread",
         f"- **Workload:** CartPole-v1, batch {BATCH}, buffer {BUFFER:,}; {args.steps} learner steps per setup and "
-        f"repeat, median of {args.repeats} repeats (fresh processes, codes alternating)",
+        f"repeat, the setups taking turns every 50 steps; median over those chunks, then over {args.repeats} "
+        "repeats (a fresh process per repeat and code, codes alternating)",
         "- **Command:** `python benchmarks/profile_learner_step.py "
         + " ".join(a for a in sys.argv[1:] if not a.startswith("--out"))
         + "`",
