@@ -427,7 +427,7 @@ class ShardedReplay:
 
     def _take_ready(self, n: int, beta: float) -> Sample | None:
         """The next batch the last call drew, if it has one of ``n`` transitions (others are dropped)."""
-        if self._ready and len(self._ready[0].index) != n:
+        if self._ready and len(self._ready[0].indices) != n:
             self._ready.clear()  # another batch size is asked for: the call's remaining batches are dropped
         return self._serve(self._ready.popleft(), beta) if self._ready else None
 
@@ -478,7 +478,7 @@ class ShardedReplay:
         self._schedule.serve(0)  # (each index carries its own shard's write epoch)
         self.stats["batches"] += 1
         self.stats["inexact_batches"] += drawn.inexact
-        return Sample(drawn.data, drawn.index, _native.is_weights(drawn.priorities, drawn.global_min, beta))
+        return Sample(drawn.data, drawn.indices, _native.is_weights(drawn.priorities, drawn.global_min, beta))
 
     def update_priorities(self, indices: Any, td_errors: Any) -> None:
         """Set the priorities of sampled transitions from their ``|TD error|`` (``(|td| + eps) ** alpha``).
@@ -838,7 +838,7 @@ class _Drawn(NamedTuple):
     """A batch a call drew, not yet served: IS weights are made when it is (with the ``beta`` of that call)."""
 
     data: dict[str, np.ndarray]
-    index: np.ndarray
+    indices: np.ndarray
     priorities: np.ndarray  # p ** alpha of each transition when its shard served it
     global_min: float  # the smallest positive p ** alpha over all shards then
     inexact: bool  # some shard rescaled its offsets (served a newer state than routed)
