@@ -6,7 +6,12 @@
 // 2 cores with the other core busy, a 2-thread batch then took 10-200x longer
 // than a serial one. Here the calling thread claims work items itself, workers
 // join in when they run, and the caller waits only for items a worker has
-// actually started: a thread that never woke up delays nothing.
+// actually started: a thread that never woke up delays nothing. One that was
+// taken off the CPU after claiming an item still does (a whole time slice), so
+// after a call that did not pay the pool runs the next calls serially for a
+// while (see back_off_if_late): with the default thread count (all hardware
+// threads) a loaded machine then runs about as one thread does, a quiet one in
+// parallel.
 #pragma once
 
 #include <algorithm>
@@ -41,9 +46,12 @@ class TaskPool {
   // Threads used by batch operations, the caller included. Default: the
   // machine's hardware threads (or HETERO_REPLAY_NUM_THREADS).
   int threads() const { return threads_.load(std::memory_order_relaxed); }
+  // Also forgets a back-off (see back_off_if_late): the caller chose anew.
   void set_threads(int n) {
     if (n < 1) throw std::invalid_argument("num_threads must be >= 1, got " + std::to_string(n));
     threads_.store(n, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(submit_mutex_);
+    backoff_ = serial_left_ = 0;
   }
 
   // Calls fn(i) for every i in [0, n), using up to `max_threads` threads (the
@@ -54,7 +62,8 @@ class TaskPool {
   void run(int64_t n, int max_threads, F&& fn) {
     const int helpers = static_cast<int>(std::min<int64_t>(max_threads, n)) - 1;
     std::unique_lock<std::mutex> submit(submit_mutex_, std::try_to_lock);
-    if (helpers <= 0 || !submit.owns_lock()) {  // serial, or another caller holds the pool
+    if (helpers <= 0 || !submit.owns_lock() || serial_left_ > 0) {  // serial, pool busy, or backing off
+      if (helpers > 0 && submit.owns_lock()) --serial_left_;
       for (int64_t i = 0; i < n; ++i) fn(i);
       return;
     }
@@ -72,6 +81,7 @@ class TaskPool {
       published_.store(job_.generation, std::memory_order_release);
     }
     wake_.notify_all();
+    const auto start = std::chrono::steady_clock::now();
     const Job job = current_job();
     int64_t mine = 0;
     for (int64_t i; (i = claim(job)) >= 0;) {
@@ -79,8 +89,10 @@ class TaskPool {
       ++mine;
     }
     // Wait for the items that workers claimed; they are running now.
+    const auto own_done = std::chrono::steady_clock::now();
     const int64_t target = n - mine;
     while (done_.load(std::memory_order_acquire) < target) std::this_thread::yield();
+    back_off_if_late(own_done - start, std::chrono::steady_clock::now() - own_done, mine, n);
     std::exception_ptr error;
     {
       std::lock_guard<std::mutex> lock(error_mutex_);
@@ -123,6 +135,7 @@ class TaskPool {
     // no helpers wanted, a new worker waits for the next published job.
     p.job_ = Job();
     p.error_ = nullptr;
+    p.backoff_ = p.serial_left_ = 0;
   }
 
   // The claim counter packs the job's generation with the next item, so a
@@ -130,6 +143,28 @@ class TaskPool {
   // the next job.
   static uint64_t pack(uint32_t generation, uint32_t item) {
     return (static_cast<uint64_t>(generation) << 32) | item;
+  }
+
+  // Whether the call paid: the caller's own items took `own`, then it waited
+  // `waited` for the workers' (`mine` of `n` items were the caller's). Had it
+  // run every item alone it would have taken about own * n / mine. A worker
+  // the OS took off the CPU after claiming an item (another process busy on
+  // its core: a simulator, a SubprocVecEnv actor) costs the caller a whole
+  // time slice; one that woke too late to help costs its wake-up. Either way,
+  // when the call took 90% of the serial estimate or more, the next calls run
+  // serially: 8, then twice as many each time it happens again (up to 1024);
+  // a call that paid resets that. Called holding submit_mutex_.
+  void back_off_if_late(std::chrono::nanoseconds own, std::chrono::nanoseconds waited, int64_t mine,
+                        int64_t n) {
+    const double took = static_cast<double>((own + waited).count());
+    const double serial = static_cast<double>(own.count()) * static_cast<double>(n) /
+                          static_cast<double>(std::max<int64_t>(mine, 1));
+    if (took >= 0.9 * serial) {
+      backoff_ = std::min<int64_t>(backoff_ ? 2 * backoff_ : 8, 1024);
+      serial_left_ = backoff_;
+    } else {
+      backoff_ = 0;
+    }
   }
 
   // Runs one item; keeps the job's first exception for the caller to rethrow.
@@ -204,6 +239,8 @@ class TaskPool {
   std::atomic<int> threads_{1};
   std::atomic<uint32_t> published_{0};
   std::mutex submit_mutex_;  // one job at a time
+  int64_t backoff_ = 0;      // guarded by submit_mutex_: see back_off_if_late
+  int64_t serial_left_ = 0;
   std::mutex job_mutex_;
   std::mutex error_mutex_;
   std::exception_ptr error_;  // the running job's first exception

@@ -103,6 +103,7 @@ TEST_CASE(task_pool, exceptions_reach_the_caller) {
 
 TEST_CASE(task_pool, workers_take_part) {
   // Items long enough that sleeping workers wake up and claim some.
+  TaskPool::instance().set_threads(TaskPool::instance().threads());  // forget a back-off of earlier cases
   std::mutex m;
   std::set<std::thread::id> ids;
   parallel_for(200, 4, [&](int64_t) {
@@ -152,4 +153,29 @@ TEST_CASE(task_pool, thread_count_setting) {
   CHECK_THROWS_AS(pool.set_threads(-4), std::invalid_argument);
   CHECK_EQ(pool.threads(), 3);
   pool.set_threads(saved);
+}
+
+// A worker that is slow to finish what it claimed (as one the OS took off the
+// CPU is) makes the next calls run on the caller alone.
+TEST_CASE(task_pool, a_late_worker_makes_the_next_calls_serial) {
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> on_workers{0};
+  const auto call = [&](bool slow_workers) {
+    on_workers.store(0);
+    parallel_for(256, 2, [&](int64_t) {
+      if (std::this_thread::get_id() == caller) return;
+      on_workers.fetch_add(1);
+      if (slow_workers) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    });
+    return on_workers.load();
+  };
+  bool late = false;
+  for (int attempt = 0; attempt < 200 && !late; ++attempt) late = call(true) > 0;  // a worker claimed an item
+  CHECK(late);
+  CHECK_EQ(call(false), 0);  // backing off: serial
+  TaskPool::instance().set_threads(TaskPool::instance().threads());  // setting the threads forgets it
+  bool joined = false;
+  for (int attempt = 0; attempt < 200 && !joined; ++attempt) joined = call(true) > 0;
+  CHECK(joined);
+  TaskPool::instance().set_threads(TaskPool::instance().threads());
 }
