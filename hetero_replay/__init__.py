@@ -16,6 +16,7 @@ from hetero_replay.pipeline import RelaxedReplay
 from hetero_replay.placement import DeviceUnavailableError, Placement
 from hetero_replay.priorities import Priorities
 from hetero_replay.protocol import Replay, Sample
+from hetero_replay.rate_limiter import RateLimited, RateLimiter
 from hetero_replay.registry import backends, register_backend, register_storage, storages
 from hetero_replay.replay import PrioritizedReplay
 from hetero_replay.storage import Field, HostStorage, Schema, Storage
@@ -37,6 +38,8 @@ __all__ = [
     "Placement",
     "DeviceUnavailableError",
     "Priorities",
+    "RateLimited",
+    "RateLimiter",
     "Storage",
     "Field",
     "HostStorage",

@@ -29,6 +29,7 @@ LAYERS = [
         "hetero_replay.storage",
     ),  # storage includes the file format (storage.checkpoint)
     ("hetero_replay.options", "hetero_replay.protocol"),  # protocol: the Replay contract, types only
+    ("hetero_replay.rate_limiter",),  # samples-per-insert: checks and the standard library only
     ("hetero_replay.priorities",),
     ("hetero_replay.replay", "hetero_replay.torch_batches"),
     ("hetero_replay.schedule",),  # the staleness schedule, run by the pipeline, the shards and the adapters

@@ -70,6 +70,7 @@ import numpy as np
 from hetero_replay import _native
 from hetero_replay.checks import check_batch_size, check_bool, check_int, check_real, check_seed
 from hetero_replay.distributed import cluster
+from hetero_replay.distributed.limiter import find_limiter, save_state, saved_state, settings_of, start_limiter
 from hetero_replay.distributed.shard import (
     SHARD_STORAGES,
     ShardConfig,
@@ -80,6 +81,7 @@ from hetero_replay.distributed.shard import (
 )
 from hetero_replay.distributed.writer import ShardWriter
 from hetero_replay.options import UNSET, PEROptions, StalenessOptions, check_beta
+from hetero_replay.rate_limiter import RateLimiter
 from hetero_replay.replay import Sample
 from hetero_replay.schedule import Schedule
 from hetero_replay.storage import HOST, Schema
@@ -141,6 +143,11 @@ class ShardedReplay:
             see ``m - 1`` fewer updates than ``staleness`` alone: batch ``j`` of a call (from 0) is
             ``k + m - 1 + j`` steps stale (the schedule of :mod:`hetero_replay.schedule` with
             ``k + m - 1`` for the call's first batch). ``1`` (the default): one call per batch.
+        rate_limiter: a :class:`~hetero_replay.rate_limiter.RateLimiter` (its settings and counters) that the
+            learner's samples and adds and every writer's adds go through, run in a Ray actor of this replay
+            (:mod:`.limiter`): a call waits while its side is ahead of the ratio and raises
+            :class:`~hetero_replay.rate_limiter.RateLimited` after the limiter's ``timeout``. Its counters
+            go into ``durable_dir`` at :meth:`flush`, and ``reopen`` continues them.
         max_redraws: batch redraws when shards changed under a draw (see the module docstring).
         recovery_timeout: seconds to wait for a dead shard's restart before :class:`~.cluster.ShardLostError`.
         actor_options: extra Ray actor options of the shards (``resources``, ``scheduling_strategy``, ...):
@@ -180,6 +187,7 @@ class ShardedReplay:
         stage_rows: int = 4096,
         staleness: int | StalenessOptions = 0,
         batches_per_call: int = 1,
+        rate_limiter: RateLimiter | None = None,
         max_redraws: int = 8,
         recovery_timeout: float = 120.0,
         actor_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
@@ -191,6 +199,8 @@ class ShardedReplay:
         check_int(stage_rows, "stage_rows", 0, 2**40)
         staleness = _sharded_staleness(staleness)
         _check_batches_per_call(batches_per_call, staleness)
+        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+            raise TypeError(f"rate_limiter must be a RateLimiter, got {type(rate_limiter).__name__}")
         for arg, value in (("flush_seconds", flush_seconds), ("recovery_timeout", recovery_timeout)):
             check_real(value, arg, positive=True, finite=False)
         if storage not in SHARD_STORAGES:
@@ -242,10 +252,16 @@ class ShardedReplay:
             for k in range(num_shards)
         ]
         try:
-            self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness, batches_per_call)
+            limiter = None
+            if rate_limiter is not None:  # the counters a reopened replay's durable point kept, if any
+                settings = settings_of(rate_limiter)
+                if reopen and config.durable_dir is not None and (state := saved_state(config.durable_dir)):
+                    settings |= {k: state[k] for k in ("inserted", "sampled")}
+                limiter = start_limiter(self.name, settings, self.detached)
+            self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness, batches_per_call, limiter)
         except BaseException:
             if not running:  # shards this call started (one failed to start): none is left behind
-                for h in handles:
+                for h in [*handles, *([limiter] if limiter is not None else [])]:
                     cluster.ray_module().kill(h, no_restart=True)
             raise
 
@@ -263,15 +279,18 @@ class ShardedReplay:
         self.address = cluster.connect(address)
         self.name, self.detached = name, True
         config = cluster.ray_module().get(handles[0].__ray_call__.remote(lambda shard: shard.config))
-        self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness, batches_per_call)
+        self._setup(
+            handles, config, seed, max_redraws, recovery_timeout, staleness, batches_per_call, find_limiter(name)
+        )
         return self
 
     def _setup(
         self, handles: list[Any], config: ShardConfig, seed: int | None, max_redraws: int, recovery_timeout: float,
-        staleness: StalenessOptions, batches_per_call: int,
+        staleness: StalenessOptions, batches_per_call: int, limiter: Any | None,
     ) -> None:  # fmt: skip
         self._ray = cluster.ray_module()
         self._shards = handles
+        self._limiter = limiter  # the rate limiter's actor (limiter.py), or None
         self.config = config
         self.options = config.per_options()
         self.schema = Schema.from_json(config.schema)
@@ -389,6 +408,8 @@ class ShardedReplay:
         rows, arrays = validate_rows(self.schema, self.capacity, batch)
         if rows == 0:
             return 0
+        if self._limiter is not None:
+            self._ray.get(self._limiter.insert.remote(rows))  # waits while the writers are ahead of the ratio
         with self._lock:
             self._collect()  # the updates' replies: the max priority new rows get is the global one
             # Chunk j goes to shard (next + j) % S: consecutive calls fill the shards evenly.
@@ -412,6 +433,8 @@ class ShardedReplay:
         self._check_open()
         n = check_batch_size(batch_size)
         b = self._beta if beta is None else check_beta(beta)
+        if self._limiter is not None:
+            self._ray.get(self._limiter.sample.remote(n))  # waits while the learner is ahead of the ratio
         with self._lock:
             self._collect()
             batch = self._take_ready(n, b)
@@ -719,6 +742,8 @@ class ShardedReplay:
                 self._summaries[k] = cluster.wait_for(
                     functools.partial(self._ray.get, ref), k, self.recovery_timeout, self.name
                 )
+            if self._limiter is not None and self.config.durable_dir is not None:
+                save_state(self.config.durable_dir, self._ray.get(self._limiter.state_dict.remote()))
 
     # -- what only a replay in one process can offer: refused, saying why ------------------------------
 
@@ -777,7 +802,16 @@ class ShardedReplay:
         is ``"least_full"`` or ``"round_robin"``.
         """
         self._check_open()
-        return ShardWriter(self.name, self.num_shards, self.address, self.config, policy, self.recovery_timeout)
+        return ShardWriter(
+            self.name, self.num_shards, self.address, self.config, policy, self.recovery_timeout,
+            limited=self._limiter is not None,
+        )  # fmt: skip
+
+    @property
+    def rate_limiter(self) -> dict[str, Any] | None:
+        """The rate limiter's settings and counters now (``RateLimiter.state_dict``), or ``None`` without one."""
+        self._check_open()
+        return None if self._limiter is None else dict(self._ray.get(self._limiter.state_dict.remote()))
 
     def close(self, destroy: bool | None = None) -> None:
         """Stop using the shards; kill them unless they are detached (``destroy`` overrides)."""
@@ -787,6 +821,10 @@ class ShardedReplay:
                 self._deliver_held_back()
                 self._collect()
             if destroy if destroy is not None else not self.detached:
+                if self._limiter is not None:  # its waiting writers wake (RateLimited) before it goes
+                    with contextlib.suppress(*cluster.actor_errors()):
+                        self._ray.get(self._limiter.close.remote())
+                    self._ray.kill(self._limiter, no_restart=True)
                 for h in self._shards:
                     self._ray.kill(h, no_restart=True)
             self._shards = []

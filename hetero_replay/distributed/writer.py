@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hetero_replay.distributed import cluster
+from hetero_replay.distributed.limiter import find_limiter
 from hetero_replay.distributed.shard import ShardConfig, validate_rows
 from hetero_replay.storage import Schema
 
@@ -42,17 +43,20 @@ class ShardWriter:
         config: the shards' :class:`~hetero_replay.distributed.shard.ShardConfig` (schema, capacity).
         policy: ``"least_full"`` (default) or ``"round_robin"``.
         recovery_timeout: seconds to wait for a restarting shard.
+        limited: the replay has a rate limiter (:mod:`.limiter`): every add waits for it first.
     """
 
     def __init__(
         self, name: str, num_shards: int, address: str, config: ShardConfig, policy: str = "least_full",
-        recovery_timeout: float = 120.0,
+        recovery_timeout: float = 120.0, limited: bool = False,
     ) -> None:  # fmt: skip
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.name, self.num_shards, self.address, self.config = name, num_shards, address, config
         self.policy, self.recovery_timeout = policy, recovery_timeout
+        self.limited = limited
         self._handles: list[Any] | None = None
+        self._limiter: Any | None = None
         self._sizes = np.zeros(num_shards, np.int64)
         self._max_priority = 1.0
         self._turn = 0
@@ -60,7 +64,7 @@ class ShardWriter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_handles"] = None  # looked up again in the receiving process
+        state["_handles"] = state["_limiter"] = None  # looked up again in the receiving process
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -75,6 +79,9 @@ class ShardWriter:
         if self._handles is None:
             cluster.connect(self.address)
             self._handles = cluster.find_shards(self.name)[: self.num_shards]
+            self._limiter = find_limiter(self.name) if self.limited else None
+            if self.limited and self._limiter is None:
+                raise cluster.ShardLostError(f"the rate limiter of the sharded replay {self.name!r} is gone (closed?)")
         return self._handles
 
     def add(self, batch: Mapping[str, Any]) -> int:
@@ -87,6 +94,13 @@ class ShardWriter:
         if rows == 0:
             return 0
         shards = self._shards()
+        if self._limiter is not None:  # waits while the writers are ahead of the ratio (RateLimited after its timeout)
+            try:
+                cluster.ray_module().get(self._limiter.insert.remote(rows))
+            except cluster.actor_errors() as e:
+                raise cluster.ShardLostError(
+                    f"the rate limiter of the sharded replay {self.name!r} is gone: {e}"
+                ) from e
         if self.policy == "least_full":
             k = int(np.argmin(np.roll(self._sizes, -self._turn))) + self._turn
             k %= self.num_shards
