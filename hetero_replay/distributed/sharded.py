@@ -38,6 +38,13 @@ anyway, each changed shard rescaling its offsets to its current total: exact
 within each shard, the split across shards one reply old. Such batches are
 counted in :attr:`stats` (``inexact_batches``).
 
+With ``batches_per_call=m`` (and staleness >= 1) one call per shard carries the
+offsets of ``m`` batches, routed by the same summaries and served in one go: all
+``m`` are drawn exactly from the one state the call was issued in, and the
+learner hands them over one per :meth:`~ShardedReplay.sample` (IS weights made
+then, with that call's ``beta``). The learner's Ray cost per batch drops about
+``m``-fold; batch ``j`` of a call is ``m - 1 + j`` steps staler than ``k``.
+
 Priority updates are checked on the learner, then sent, one call per shard,
 without waiting: their replies are collected before the next sample needs the
 summaries. With ``staleness`` 1 or 2 they ride on the next draw's calls instead
