@@ -1,4 +1,4 @@
-"""The quantile Huber loss of QR-DQN and TQC, per transition, so PER can weight each transition's share.
+"""The quantile Huber loss of QR-DQN and TQC per transition, so PER can weight each transition's share, and the priority.
 
 sb3-contrib's :func:`~sb3_contrib.common.utils.quantile_huber_loss` returns the loss already
 averaged over the batch; PER needs it per transition. :func:`quantile_huber_loss_per_sample`
@@ -40,3 +40,28 @@ def quantile_huber_loss_per_sample(
     if sum_over_quantiles:
         loss = loss.sum(dim=-2)
     return loss.flatten(start_dim=1).mean(dim=1)
+
+
+def weighted_loss_and_mean_td(
+    current_quantiles: th.Tensor, target_quantiles: th.Tensor, weights: th.Tensor, sum_over_quantiles: bool
+) -> tuple[th.Tensor, th.Tensor]:
+    """The IS-weighted quantile loss of a batch, and each transition's TD error of the expected return.
+
+    The TD error (mean of the current quantiles minus mean of the target ones) is the new priority,
+    not the transition's quantile loss: the quantiles of a random return are spread, so the loss
+    stays positive once the distribution is learned exactly and would keep such a transition's
+    priority high for good, while the error of the mean goes to 0.
+
+    Args:
+        current_quantiles, target_quantiles, sum_over_quantiles: as in :func:`quantile_huber_loss_per_sample`.
+        weights: the batch's importance-sampling weights, one per transition.
+
+    Returns:
+        ``(loss, td_errors)``: the loss to minimise (a 0-d tensor) and ``(batch_size,)`` detached errors.
+    """
+    per_sample = quantile_huber_loss_per_sample(current_quantiles, target_quantiles, sum_over_quantiles)
+    loss = (weights.view(-1) * per_sample).mean()
+    td_errors = current_quantiles.detach().flatten(start_dim=1).mean(dim=1) - target_quantiles.flatten(
+        start_dim=1
+    ).mean(dim=1)
+    return loss, td_errors
