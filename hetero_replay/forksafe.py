@@ -22,6 +22,10 @@ exit. Exit then goes on without the locks still held; the exiting thread's
 later calls that need one raise ``RuntimeError`` instead of waiting, and a
 daemon thread still inside the library when the interpreter finalizes is the
 documented risk (it may crash the process at exit, after every exit handler ran).
+What the library hands out is the caller's: torch (2.13) aborts a process whose
+daemon thread frees any tensor while the interpreter finalizes, library or not
+(a daemon loop of ``torch.empty`` alone: 15 of 15 runs), so a program whose
+daemon threads train with torch must join them, or keep their batches alive, before it exits.
 A lock-holding thread may create locks (a buffer built inside another's
 ``load_state_dict``): the fork handler never waits for a lock while holding
 the registry that creation needs.
