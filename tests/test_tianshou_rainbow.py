@@ -88,12 +88,18 @@ def test_a_short_rainbow_run_feeds_priorities_back_and_anneals_beta() -> None:
 
 @pytest.mark.learning
 def test_rainbow_learns_cartpole_on_most_seeds() -> None:
-    """2 of 3 seeds reach a test return of 150 (random play: ~22) within 20,000 env steps.
+    """2 of seeds 0-2 reach a test return of 150 (random play: ~22) within 20,000 env steps.
 
-    Measured on 2 busy cores (seeds 0-3, 20k steps, stopping at 195): best returns 471, 237, 158, 175,
-    22-60 s each.
+    Tested every 1,000 steps (20 epochs), so a seed stops soon after it learns, and the seeds stop
+    once the outcome is decided (usually after two). Measured on 2 busy cores (seeds 0-4, 20
+    epochs, stopping at 150): best returns 287, 423, 500, 166, 173 (all 5 learned); 5-22 s of one core each.
     """
     train = example().train
     torch.set_num_threads(1)
-    best = {seed: train(seed, 20_000, stop_at=150.0) for seed in (0, 1, 2)}
+    best: dict[int, float] = {}
+    for seed in (0, 1, 2):
+        best[seed] = train(seed, 20_000, stop_at=150.0, epochs=20)
+        learned = sum(r >= 150.0 for r in best.values())
+        if learned >= 2 or len(best) - learned > 1:
+            break
     assert sum(r >= 150.0 for r in best.values()) >= 2, best
