@@ -1,14 +1,16 @@
-"""The quantile Huber loss of QR-DQN and TQC per transition, so PER can weight each transition's share, and the priority.
+"""QR-DQN's and TQC's loss per transition, so PER can weight each one, and the priority PER gives it.
 
 sb3-contrib's :func:`~sb3_contrib.common.utils.quantile_huber_loss` returns the loss already
 averaged over the batch; PER needs it per transition. :func:`quantile_huber_loss_per_sample`
-is the same arithmetic, reduced over everything but the batch dimension, so that its mean over
-the batch equals sb3-contrib's loss (``tests/test_sb3_contrib.py`` checks it).
+is the same loss reduced over everything but the batch dimension, so that its mean over the
+batch equals sb3-contrib's (``tests/test_sb3_contrib.py`` checks it);
+:func:`weighted_loss_and_mean_td` weights it and makes the new priorities.
 """
 
 from __future__ import annotations
 
 import torch as th
+from torch.nn import functional as F
 
 
 def quantile_huber_loss_per_sample(
@@ -29,17 +31,19 @@ def quantile_huber_loss_per_sample(
             f"current_quantiles ({tuple(current_quantiles.shape)}) and target_quantiles "
             f"({tuple(target_quantiles.shape)}) must both be (batch, quantiles) or (batch, critics, quantiles)"
         )
-    n_quantiles = current_quantiles.shape[-1]
-    midpoints = (th.arange(n_quantiles, device=current_quantiles.device, dtype=th.float) + 0.5) / n_quantiles
-    midpoints = midpoints.view(-1, 1)  # broadcasts over (..., n_quantiles, n_target_quantiles)
-    # delta[..., i, j]: target quantile j minus current quantile i
-    delta = target_quantiles.unsqueeze(-2) - current_quantiles.unsqueeze(-1)
-    abs_delta = delta.abs()
-    huber = th.where(abs_delta > 1, abs_delta - 0.5, delta**2 * 0.5)
-    loss = (midpoints - (delta.detach() < 0).float()).abs() * huber
+    n = current_quantiles.shape[-1]
+    # The fraction each current quantile estimates: the midpoint of its 1/n slice of [0, 1].
+    fractions = (th.arange(n, device=current_quantiles.device, dtype=th.float) + 0.5) / n
+    # errors[..., i, j]: target sample j minus current quantile i (every pair is a regression).
+    errors = target_quantiles.unsqueeze(-2) - current_quantiles.unsqueeze(-1)
+    huber = F.huber_loss(errors, th.zeros_like(errors), reduction="none", delta=1.0)
+    # Quantile regression's asymmetry: quantile i pays fraction_i for an error above it and
+    # 1 - fraction_i below it, so its minimum is the fraction_i quantile of the targets.
+    asymmetry = (fractions.unsqueeze(-1) - (errors.detach() < 0).float()).abs()
+    pairs = asymmetry * huber
     if sum_over_quantiles:
-        loss = loss.sum(dim=-2)
-    return loss.flatten(start_dim=1).mean(dim=1)
+        pairs = pairs.sum(dim=-2)
+    return pairs.flatten(start_dim=1).mean(dim=1)
 
 
 def weighted_loss_and_mean_td(
