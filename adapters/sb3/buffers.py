@@ -610,10 +610,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             td = th.as_tensor(td_errors).detach().reshape(-1).abs()
             indices = th.as_tensor(indices)
         else:
+            raw: np.ndarray
             if isinstance(td_errors, th.Tensor):
                 # One pass: |td| of a zero-copy view of the CPU tensor (or of its one copy off the device).
-                raw = td_errors.detach().reshape(-1)
-                raw = raw.numpy() if raw.device.type == "cpu" else raw.cpu().numpy()
+                raw = td_errors.detach().reshape(-1).cpu().numpy()  # .cpu() of a CPU tensor is the tensor
             else:
                 raw = np.asarray(td_errors).reshape(-1)
             if raw.dtype.kind not in "biuf":
