@@ -8,6 +8,7 @@ from sb3_contrib import CrossQ
 
 from hetero_replay.adapters.sb3.buffers import PrioritizedReplayBufferSamples
 from hetero_replay.adapters.sb3.common import PERMixin
+from hetero_replay.adapters.sb3.gradient import descend
 
 
 class PERCrossQ(PERMixin, CrossQ):
@@ -50,7 +51,7 @@ class PERCrossQ(PERMixin, CrossQ):
             self.replay_buffer.update_priorities(batch.indices, (current.detach() - target).abs().mean(dim=0))
             logs["critic_loss"].append(critic_loss.item())
             mean_weights.append(batch.weights.mean())  # kept as a tensor: read once per train(), no sync per step
-            _descend(self.critic.optimizer, critic_loss)
+            descend(self.critic.optimizer, critic_loss)
 
             if self._n_updates % self.policy_delay == 0:
                 logs["actor_loss"].append(self._update_actor(batch, ent_coef, logs["ent_coef_loss"]))
@@ -98,16 +99,9 @@ class PERCrossQ(PERMixin, CrossQ):
             assert self.log_ent_coef is not None and not isinstance(self.target_entropy, str)  # set by _setup_model
             ent_coef_loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()
             ent_coef_losses.append(ent_coef_loss.item())
-            _descend(self.ent_coef_optimizer, ent_coef_loss)
+            descend(self.ent_coef_optimizer, ent_coef_loss)
         self.critic.set_bn_training_mode(False)
         min_q_pi = th.cat(self.critic(batch.observations, actions_pi), dim=1).min(dim=1, keepdim=True).values
         actor_loss = (ent_coef * log_prob - min_q_pi).mean()
-        _descend(self.actor.optimizer, actor_loss)
+        descend(self.actor.optimizer, actor_loss)
         return actor_loss.item()
-
-
-def _descend(optimizer: th.optim.Optimizer, loss: th.Tensor) -> None:
-    """One gradient step of ``optimizer`` on ``loss``."""
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()

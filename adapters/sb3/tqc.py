@@ -9,6 +9,7 @@ from stable_baselines3.common.utils import polyak_update
 
 from hetero_replay.adapters.sb3.buffers import PrioritizedReplayBufferSamples
 from hetero_replay.adapters.sb3.common import PERMixin
+from hetero_replay.adapters.sb3.gradient import descend
 from hetero_replay.adapters.sb3.quantile import weighted_loss_and_mean_td
 
 
@@ -54,13 +55,13 @@ class PERTQC(PERMixin, TQC):
             self.replay_buffer.update_priorities(batch.indices, td_errors)
             logs["critic_loss"].append(critic_loss.item())
             mean_weights.append(batch.weights.mean())  # kept as a tensor: read once per train(), no sync per step
-            _descend(self.critic.optimizer, critic_loss)
+            descend(self.critic.optimizer, critic_loss)
 
             # The actor climbs the critics' mean quantile, with the entropy bonus.
             q_pi = self.critic(batch.observations, actions_pi).flatten(start_dim=1).mean(dim=1, keepdim=True)
             actor_loss = (ent_coef * log_prob - q_pi).mean()
             logs["actor_loss"].append(actor_loss.item())
-            _descend(self.actor.optimizer, actor_loss)
+            descend(self.actor.optimizer, actor_loss)
 
             if step % self.target_update_interval == 0:
                 polyak_update(self.critic.parameters(), self.critic_target.parameters(), self.tau)
@@ -85,7 +86,7 @@ class PERTQC(PERMixin, TQC):
         assert not isinstance(self.target_entropy, str)  # "auto" is resolved to a number by _setup_model
         loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()
         losses.append(loss.item())
-        _descend(self.ent_coef_optimizer, loss)
+        descend(self.ent_coef_optimizer, loss)
         return coefficient
 
     def _target_quantiles(self, batch: PrioritizedReplayBufferSamples, ent_coef: th.Tensor) -> th.Tensor:
@@ -102,10 +103,3 @@ class PERTQC(PERMixin, TQC):
             lowest = pooled.sort(dim=1).values[:, :kept]
             soft = lowest - ent_coef * next_log_prob.reshape(-1, 1)
             return (batch.rewards + (1 - batch.dones) * discount * soft).unsqueeze(1)
-
-
-def _descend(optimizer: th.optim.Optimizer, loss: th.Tensor) -> None:
-    """One gradient step of ``optimizer`` on ``loss``."""
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
