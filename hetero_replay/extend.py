@@ -39,8 +39,10 @@ from hetero_replay.schedule import PendingUpdate, Schedule
 from hetero_replay.storage.durable import DURABLE, DurableFile, FlushSchedule, check_path, read_point
 from hetero_replay.storage.schema import PLAIN_KINDS
 from hetero_replay.torch_batches import same_device
+from hetero_replay.trees.base import is_device_tree
 
 __all__ = [
+    "is_device_tree",
     "ALGOS",
     "AUTO_WINDOW",
     "DURABLE",

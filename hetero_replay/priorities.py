@@ -24,7 +24,7 @@ from hetero_replay import _native
 from hetero_replay.checks import check_real
 from hetero_replay.options import PEROptions, check_alpha, check_beta, check_eps, check_floor
 from hetero_replay.trees import SumTree, make_tree
-from hetero_replay.trees.base import DeviceTree, describe_max_leaf
+from hetero_replay.trees.base import describe_max_leaf, is_device_tree
 from hetero_replay.trees.numpy_tree import as_indices
 
 Normalise = Literal["global", "batch"]
@@ -276,7 +276,7 @@ class Priorities:
         snapshot = None
         if keep_undo:
             # A device tree reads its own index tensors; a host tree's get wants checked int64 indices.
-            slots = indices if isinstance(self.tree, DeviceTree) else as_indices(indices, self.capacity)
+            slots = indices if is_device_tree(self.tree) else as_indices(indices, self.capacity)
             snapshot = self.snapshot(slots)
         self.update(indices, td_errors, limit, filled_only)
         return dropped, snapshot

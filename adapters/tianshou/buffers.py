@@ -96,7 +96,7 @@ from tianshou.data.batch import IndexType
 from tianshou.data.types import PrioBatchProtocol, RolloutBatchProtocol
 from tianshou.data.utils.converter import to_hdf5
 
-from hetero_replay import UNSET, DeviceTree, PEROptions, Placement, Priorities, ReplayFileError, SumTree
+from hetero_replay import UNSET, PEROptions, Placement, Priorities, ReplayFileError, SumTree
 from hetero_replay.adapters.tianshou import layout
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer, add_rows, storable
 from hetero_replay.adapters.tianshou.staging import Staged, commit, stage
@@ -113,6 +113,7 @@ from hetero_replay.extend import (
     check_path,
     check_seed,
     holding,
+    is_device_tree,
 )
 
 #: The keys ``ReplayBuffer.__getitem__`` always returns (filled with empty Batches if not stored).
@@ -177,19 +178,6 @@ def _td_magnitudes(td_errors: Any) -> np.ndarray:
     if errors.dtype.kind not in "iuf":  # bools, text, objects, complex numbers
         raise TypeError(f"new_weight (TD errors) must be real numbers, got {errors.dtype} values")
     return np.abs(errors.astype(np.float64, copy=False)).ravel()
-
-
-#: Per tree class, whether it is a :class:`~hetero_replay.DeviceTree` (see :func:`_is_device_tree`).
-_DEVICE_TREE_CLASSES: dict[type, bool] = {}
-
-
-def _is_device_tree(tree: SumTree) -> bool:
-    """Whether ``tree`` takes TD-error tensors where they live: ``isinstance(tree, DeviceTree)``, asked once
-    per tree class (against a runtime-checkable protocol it costs ~85 µs a call, every update)."""
-    known = _DEVICE_TREE_CLASSES.get(type(tree))
-    if known is None:
-        known = _DEVICE_TREE_CLASSES[type(tree)] = isinstance(tree, DeviceTree)
-    return known
 
 
 def _as_indices(index: Any, name: str = "index") -> np.ndarray:
@@ -767,7 +755,7 @@ class _TreePriorities:
         if isinstance(new_weight, torch.Tensor):
             if new_weight.dtype == torch.bool or new_weight.is_complex():
                 raise TypeError(f"new_weight (TD errors) must be real numbers, got a {new_weight.dtype} tensor")
-            if _is_device_tree(self.priority_tree):
+            if is_device_tree(self.priority_tree):
                 td = new_weight.detach().reshape(-1).abs()  # a device tree takes the tensor where it is
             else:
                 td = _td_magnitudes(new_weight.detach().cpu().numpy())
