@@ -342,7 +342,7 @@ def test_without_a_bitfile(board, monkeypatch):
 
 def test_a_missing_pynq_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynq", None)  # "import pynq" raises ImportError
-    with pytest.raises(ImportError, match=r"needs pynq: pip install hetero-replay\[fpga\]"):
+    with pytest.raises(ImportError, match=r"needs pynq: pip install '\.\[fpga\]' in a hetero-replay source checkout"):
         BoardRmm(10, 16, bitfile="rmm.bit")
     # The module itself imports without pynq (the tree registry imports it lazily, but tools may not).
     code = "import sys; sys.modules['pynq'] = None; import hetero_replay.fpga.board"
