@@ -786,7 +786,7 @@ class _NativePipeline(_Pipeline):
         """Hand the draw of ``step`` and the updates due for it to the executor."""
         assert self.batch_size is not None
         n = self.batch_size
-        updates = []
+        updates: list[tuple[PendingUpdate, np.ndarray | None, np.ndarray | None]] = []
         tree_dtype = self.replay.tree.dtype
         while (update := self.schedule.due(step)) is not None:
             if update.step > self.schedule.seen_by_next:  # ahead of the batch served next: keep its undo
@@ -835,7 +835,7 @@ class _NativePipeline(_Pipeline):
                 self.errors.append((update.step, _native_error(error)))
                 continue
             snapshot = None
-            if undo_idx is not None:
+            if undo_idx is not None and undo_leaves is not None:
                 snapshot = PrioritySnapshot(undo_idx[:kept], undo_leaves[:kept], priorities.max_priority)
             priorities.note_update(max_raw)
             self.dropped += dropped
@@ -867,7 +867,9 @@ class _NativePipeline(_Pipeline):
         self.undo = [a for a in self.undo if id(a.update) not in ids]
         self.errors = [(step, e) for step, e in self.errors if step not in steps]
         self.schedule.put_back(took)
-        self.replay.rng.bit_generator.state = self.ready[i].rng_state
+        state = self.ready[i].rng_state
+        assert state is not None  # the native executor's batches always keep the generator's state
+        self.replay.rng.bit_generator.state = state
         while len(self.ready) > i:
             self.ready.pop()
         self.hold = True
