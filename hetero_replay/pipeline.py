@@ -765,12 +765,6 @@ class _NativePipeline(_Pipeline):
         while (j := self._released_step()) is not None:
             self._submit(j)
 
-    def _released_step(self) -> int | None:
-        j = self.schedule.served + len(self.ready)
-        if self.hold or self.batch_size is None or j >= self.schedule.served + self.depth or len(self.replay) == 0:
-            return None
-        return j
-
     def _complete_released(self) -> None:
         i = 0
         while i < len(self.ready):
