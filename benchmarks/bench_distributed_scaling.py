@@ -88,6 +88,9 @@ def run_variant(args: argparse.Namespace, name: str, code: Path | None, per_call
     got = json.loads(out.stdout.strip().splitlines()[-1])
     if code is not None and not got["writer_imports"].startswith(str(code)):
         raise SystemExit(f"{name}: Ray workers imported {got['writer_imports']}, not {code}")
+    # Checked above; the record keeps which code ran, not this machine's paths.
+    imported = "base" if code is not None else "this checkout"
+    got["hetero_replay"] = got["writer_imports"] = imported
     return got
 
 
