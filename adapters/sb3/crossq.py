@@ -8,7 +8,7 @@ from sb3_contrib import CrossQ
 
 from hetero_replay.adapters.sb3.buffers import PrioritizedReplayBufferSamples
 from hetero_replay.adapters.sb3.common import PERMixin
-from hetero_replay.adapters.sb3.gradient import descend
+from hetero_replay.adapters.sb3.gradient import descend, start_max_entropy_train
 
 
 class PERCrossQ(PERMixin, CrossQ):
@@ -28,13 +28,7 @@ class PERCrossQ(PERMixin, CrossQ):
 
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
         """``gradient_steps`` critic updates on PER batches; every ``policy_delay``-th also updates actor and entropy."""
-        self.policy.set_training_mode(True)
-        optimizers = [self.actor.optimizer, self.critic.optimizer]
-        if self.ent_coef_optimizer is not None:
-            optimizers.append(self.ent_coef_optimizer)
-        self._update_learning_rate(optimizers)
-        beta = self._update_beta()
-        logs: dict[str, list[float]] = {"ent_coef": [], "ent_coef_loss": [], "critic_loss": [], "actor_loss": []}
+        beta, logs = start_max_entropy_train(self)
         mean_weights = []
         for _ in range(gradient_steps):
             self._n_updates += 1

@@ -9,7 +9,7 @@ from stable_baselines3.common.utils import polyak_update
 
 from hetero_replay.adapters.sb3.buffers import PrioritizedReplayBufferSamples
 from hetero_replay.adapters.sb3.common import PERMixin
-from hetero_replay.adapters.sb3.gradient import descend
+from hetero_replay.adapters.sb3.gradient import descend, start_max_entropy_train
 from hetero_replay.adapters.sb3.quantile import weighted_loss_and_mean_td
 
 
@@ -32,13 +32,7 @@ class PERTQC(PERMixin, TQC):
 
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
         """``gradient_steps`` updates of the entropy coefficient, critics and actor on PER batches."""
-        self.policy.set_training_mode(True)
-        optimizers = [self.actor.optimizer, self.critic.optimizer]
-        if self.ent_coef_optimizer is not None:
-            optimizers.append(self.ent_coef_optimizer)
-        self._update_learning_rate(optimizers)
-        beta = self._update_beta()
-        logs: dict[str, list[float]] = {"ent_coef": [], "ent_coef_loss": [], "critic_loss": [], "actor_loss": []}
+        beta, logs = start_max_entropy_train(self)
         mean_weights = []
         for step in range(gradient_steps):
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
