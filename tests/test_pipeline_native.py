@@ -197,9 +197,15 @@ def test_malformed_updates_are_refused_at_once_by_the_native_executor(indices, t
     try:
         buf.add(rows(64))
         buf.sample(8)
+        engine = buf.replay
+        before = (engine.priorities.leaves(), dict(engine.rng.bit_generator.state), engine.position, len(engine))
         with pytest.raises(error, match=match):
             buf.update_priorities(indices, td)
         assert len(buf._core.schedule) == 0  # nothing queued
+        leaves, rng_state, position, size = before
+        np.testing.assert_array_equal(engine.priorities.leaves(), leaves)
+        assert engine.rng.bit_generator.state == rng_state
+        assert (engine.position, len(engine)) == (position, size)
     finally:
         buf.close()
 
