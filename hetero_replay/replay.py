@@ -195,6 +195,11 @@ class PrioritizedReplay:
         return self.priorities.max_priority
 
     @property
+    def durable_rows(self) -> int:
+        """Rows the last durable point on disk holds, what a crash now would keep (0 for storages without one)."""
+        return 0 if self._durable is None else self._durable.durable_rows
+
+    @property
     def tree(self) -> SumTree:
         """The sum tree of priorities (read it; change priorities through this buffer)."""
         return self.priorities.tree

@@ -396,8 +396,16 @@ def test_flush_makes_a_durable_point_and_shared_has_none(disk_store, tmp_path):
     """flush() writes state.hrp for disk (its tickets the buffer's); on a shared buffer it is a no-op."""
     buf = disk_store.make(16, flush_seconds=1e6)
     buf.add(rows_with_ids(np.arange(1, 6)))
+    assert buf.durable_rows == 0  # no point yet: a crash now keeps nothing
     buf.flush()
     assert int(read(disk_store.path / STATE_FILE)[0]["tickets"]) == 5
+    assert buf.durable_rows == 5
+    buf.add(rows_with_ids(np.arange(6, 8)))
+    assert buf.durable_rows == 5
+    buf.close()
+    again = PrioritizedReplay.reopen(str(disk_store.path))
+    assert again.durable_rows == len(again) == 7  # a clean close makes a last point
+    again.close()
     shared_dir = tmp_path / "shared"
     shared_dir.mkdir()
     shared = PrioritizedReplay(8, SMALL_SCHEMA, storage="shared", storage_options={"dir": str(shared_dir)})

@@ -327,9 +327,11 @@ def test_a_killed_shard_restarts_from_its_last_durable_point_and_training_contin
         after = replay.summaries[1]
         assert after.incarnation != before.incarnation
         assert replay.stats["recoveries"] >= 1
-        lost = before.size - after.size
-        assert 0 <= lost <= every, f"lost {lost} rows, more than the window of {every}"
-        assert after.size == after.flushed_rows == before.flushed_rows or storage == "disk"
+        # The restart keeps the last durable point that reached the disk, or a later one: "host" saves it
+        # in the shard's call (so at most `every` rows are lost); "disk" writes it on a background thread,
+        # so under load the point being written when the shard died may be lost too.
+        assert before.flushed_rows <= after.size == after.flushed_rows <= before.size
+        assert storage == "disk" or (after.flushed_rows == before.flushed_rows >= before.size - every)
         # Indices drawn before the restart are dropped by the new incarnation, never applied to other rows.
         dropped = replay.stats["dropped_updates"]
         replay.update_priorities(old_batch.indices, rng.random(64))

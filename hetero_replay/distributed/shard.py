@@ -63,7 +63,7 @@ class ShardSummary(NamedTuple):
     size: int  # transitions stored
     max_priority: float  # largest |td| + eps this shard has seen or been told
     added: int  # rows added in this incarnation (after its durable point)
-    flushed_rows: int  # size at the last durable point (0 without one)
+    flushed_rows: int  # size at the last durable point that reached the disk (0 without one)
     staged: int  # writers' rows waiting to join the tree
 
 
@@ -187,8 +187,12 @@ class ReplayShard:
         tree = self.replay.tree
         return ShardSummary(
             self.shard, self.incarnation, self.version, tree.total(), tree.min(), len(self.replay),
-            self.replay.max_priority, self.added, self.flushed_rows, self._staged_rows,
+            self.replay.max_priority, self.added, self._durable_rows(), self._staged_rows,
         )  # fmt: skip
+
+    def _durable_rows(self) -> int:
+        # "disk" writes its points on a background thread: count the last one that reached the disk.
+        return self.replay.durable_rows if self.config.storage == DISK else self.flushed_rows
 
     def refresh(self) -> ShardSummary:
         """The learner asks how this shard stands: queued writer rows join the tree first."""
@@ -308,9 +312,9 @@ class ReplayShard:
         if path is not None:
             if self.config.storage == HOST:
                 self.replay.save(path)
+                self.flushed_rows = len(self.replay)
             else:
                 self.replay.flush()
-            self.flushed_rows = len(self.replay)
         self._flushes.written()
         return self.summary()
 

@@ -112,6 +112,9 @@ class DurableStorage(Storage, Protocol):
     #: ``(header, priorities)`` of the durable point a reopened storage restored
     #: (every slot's priority, 0 where the row did not survive); ``None`` for a new one.
     reopened_point: tuple[dict[str, Any], Any] | None
+    #: Rows the last durable point that reached the disk holds: what a crash now would keep
+    #: (a point still being written does not count).
+    durable_rows: int
 
     @property
     def closed(self) -> bool:

@@ -331,6 +331,7 @@ class DiskStorage(RingOwner):
         if self.reopened_point is not None:
             self.reader.take_stamps()
             self.schedule.continue_from(self.reopened_point[0][DURABLE]["points"], self.control.tickets)
+        self.durable_rows = int(np.count_nonzero(self.control.stamps))  # the reopened point's rows (0 when new)
         self._tag = self.control.register(os.getpid())
         self._trimmed_to = 0  # tickets below this were dropped from the page cache
         self._flusher: _Flusher | None = None
@@ -570,6 +571,7 @@ class DiskStorage(RingOwner):
     def _write_durable(self, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         os.fdatasync(self.fd)
         checkpoint.write(self.path / STATE_FILE, header, arrays)
+        self.durable_rows = int(np.count_nonzero(arrays["stamps"]))
         self._trim_cache(int(header["tickets"]))
 
     def _trim_cache(self, tickets: int) -> None:
