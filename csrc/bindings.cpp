@@ -20,6 +20,7 @@ using namespace hetero_replay;
 void register_kernel_items(py::module_& m);  // csrc/kernel_items_host.cpp
 void register_ring(py::module_& m);          // csrc/ring.cpp
 void register_executor(py::module_& m);      // csrc/executor.cpp
+void register_codec(py::module_& m);         // csrc/codec.cpp
 
 namespace {
 
@@ -210,6 +211,7 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "C++ K-ary sum tree and hot-path helpers of hetero_replay.";
   register_kernel_items(m);
   register_ring(m);
+  register_codec(m);
 
   // The PER arithmetic every CPU backend shares, so that they agree to the bit
   // whatever SIMD paths NumPy or torch would pick on this machine.

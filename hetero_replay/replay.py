@@ -477,11 +477,13 @@ class PrioritizedReplay:
         host memory it may gather from directly (the fields' strided arrays,
         in schema order) and :attr:`Priorities.written_at`. ``None`` for other
         trees, for batches delivered as tensors, and for ring and disk
-        storages (their reads check stamps and CRCs, which are Python).
+        storages (their reads check stamps and CRCs, which are Python), and for compressed fields.
         """
         if self._batches is not None or self._ring is not None or self._durable is not None:
             return None
         if not isinstance(self.tree, _native.SumTree) or not isinstance(self.storage, HostStorage):
+            return None
+        if self.storage.compressed is not None:  # rows to decompress, no arrays to gather from
             return None
         return self.tree, [self.storage.view(name) for name in self.schema], self.priorities.written_at
 

@@ -47,8 +47,10 @@ def _torch_check() -> str | None:
     return None if importlib.util.find_spec("torch") is not None else "torch is not installed"
 
 
-def _host(capacity: int, schema: Schema | Mapping[str, Any], placement: Any) -> Storage:
-    return HostStorage(capacity, schema)
+def _host(
+    capacity: int, schema: Schema | Mapping[str, Any], placement: Any, codec: Any = None, byte_budget: int | None = None
+) -> Storage:
+    return HostStorage(capacity, schema, codec=codec, byte_budget=byte_budget)
 
 
 def _pinned(capacity: int, schema: Schema | Mapping[str, Any], placement: Any) -> Storage:
@@ -70,7 +72,7 @@ register_storage(
     _host,
     devices=("cpu",),
     threaded=True,  # large gathers run on the native thread pool
-    description="NumPy arrays in host memory",
+    description="NumPy arrays in host memory; image fields compressed with storage_options={'codec': 'zstd'}",
 )
 register_storage(
     PINNED,

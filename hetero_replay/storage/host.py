@@ -3,7 +3,8 @@
 All fields of a transition sit next to each other in one record (an
 array-of-structs layout), so gathering a sampled transition touches one or two
 cache lines instead of one per field. ``arrays[name]`` are ordinary (strided)
-NumPy views of each field.
+NumPy views of each field. Fields given a ``codec`` (image fields, typically)
+are kept compressed instead, one record per row (:mod:`.codec`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import numpy as np
 
 from hetero_replay._native import RowAccess
 from hetero_replay.storage.base import check_host_batch
-from hetero_replay.storage.schema import Schema
+from hetero_replay.storage.codec import CompressedFields, field_codecs
+from hetero_replay.storage.schema import Field, Schema
 
 
 class HostStorage:
@@ -23,14 +25,36 @@ class HostStorage:
 
     The storage only stores: where the next write goes (the ring position) is
     decided by its owner, see :class:`~hetero_replay.replay.PrioritizedReplay`.
+
+    Args:
+        records: memory someone else mapped for the rows (a shared segment), ``(capacity, record_bytes)`` uint8.
+        codec: fields kept compressed (:func:`~hetero_replay.storage.codec.field_codecs`: ``None``,
+            ``"lz4"``/``"zstd"`` or ``(name, level)`` for the image fields, or ``{field: codec}``).
+        byte_budget: the most bytes the compressed records may take (``None``: no bound); a write
+            over it raises :class:`~hetero_replay.storage.codec.ByteBudgetError` and changes nothing.
     """
 
-    def __init__(self, capacity: int, schema: Schema | Mapping[str, Any], records: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        schema: Schema | Mapping[str, Any],
+        records: np.ndarray | None = None,
+        codec: Any = None,
+        byte_budget: int | None = None,
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
         self.schema = schema if isinstance(schema, Schema) else Schema(schema)
-        offsets, record_bytes = record_layout(self.schema)
+        codecs = field_codecs(self.schema, codec)
+        if byte_budget is not None and not codecs:
+            raise ValueError("byte_budget bounds compressed records: it needs a codec= that compresses some field")
+        if codecs and records is not None:
+            raise ValueError("codec=: compressed fields live in this process's memory, not in given records")
+        #: The compressed fields' records (None without a codec).
+        self.compressed = CompressedFields(self.capacity, self.schema, codecs, byte_budget) if codecs else None
+        raw = {n: f for n, f in self.schema.items() if n not in codecs}
+        offsets, record_bytes = record_layout(raw)
         # np.zeros maps untouched pages lazily: a large buffer costs RAM as it fills.
         # `records`: memory someone else mapped (a shared segment), (capacity, record_bytes) uint8.
         self._records = np.zeros((self.capacity, record_bytes), np.uint8) if records is None else records
@@ -44,12 +68,12 @@ class HostStorage:
                 offset=offsets[name],
                 strides=(record_bytes, *_contiguous_strides(field.shape, field.dtype.itemsize)),
             )
-            for name, field in self.schema.items()
+            for name, field in raw.items()
         }
-        self._names = list(self.arrays)
-        self._name_set = set(self._names)
-        self._fields = list(self.schema.items())
-        self._rows = RowAccess(list(self.arrays.values()))
+        self._names = list(self.schema)
+        self._raw_names = list(raw)
+        self._fields = list(raw.items())
+        self._rows = RowAccess(list(self.arrays.values())) if raw else None
 
     def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
         """Check a batch holding every field; return ``(rows, arrays)`` in the fields' dtypes.
@@ -69,8 +93,18 @@ class HostStorage:
         """Write validated rows at ring positions ``start, start + 1, ...`` (wrapping).
 
         ``arrays`` holds every field (as :meth:`validate` returns them) or a subset.
+        Compressed fields are compressed first: a write over the byte budget raises
+        :class:`~hetero_replay.storage.codec.ByteBudgetError` having changed nothing.
         """
-        if arrays.keys() == self._name_set:  # the common case: one C++ call for all fields
+        if self.compressed is not None:
+            encoded, added = self.compressed.encode(start, arrays)
+            self._write_raw(start, {n: a for n, a in arrays.items() if n in self.arrays})
+            self.compressed.commit(start, encoded, added)
+        else:
+            self._write_raw(start, arrays)
+
+    def _write_raw(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
+        if self._rows is not None and arrays.keys() == self.arrays.keys():  # the common case: one C++ call
             self._rows.write(start, [np.ascontiguousarray(arrays[n], dtype=f.dtype) for n, f in self._fields])
             return
         for name, arr in arrays.items():
@@ -81,29 +115,50 @@ class HostStorage:
                 dst[: rows - head] = arr[head:]
 
     def gather(self, indices: np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        """Rows at ``indices``, one new contiguous array per field (or per name in ``fields``)."""
-        if fields is None:
-            return dict(zip(self._names, self._rows.gather(indices)))
-        return {name: self.arrays[name].take(indices, axis=0) for name in fields}
+        """Rows at ``indices``, one new contiguous array per field (or per name in ``fields``).
+
+        Compressed fields are decompressed on the native thread pool, the GIL released; a
+        damaged record raises :class:`~hetero_replay.storage.codec.DamagedRecordError`.
+        """
+        if self.compressed is None:
+            if fields is None:
+                return dict(zip(self._names, self._rows.gather(indices)))  # type: ignore[union-attr]
+            return {name: self.arrays[name].take(indices, axis=0) for name in fields}
+        names = self._names if fields is None else list(fields)
+        raw = [n for n in names if n in self.arrays]
+        if fields is None and self._rows is not None:
+            out = dict(zip(self._raw_names, self._rows.gather(indices)))
+        else:
+            out = {name: self.arrays[name].take(indices, axis=0) for name in raw}
+        out.update(self.compressed.gather(indices, [n for n in names if n not in self.arrays]))
+        return {name: out[name] for name in names}
 
     def export_rows(self, count: int, copy: bool = True) -> dict[str, np.ndarray]:
-        """The first ``count`` rows of every field (views unless ``copy``)."""
-        return {n: (a[:count].copy() if copy else a[:count]) for n, a in self.arrays.items()}
+        """The first ``count`` rows of every field (views unless ``copy``; compressed fields decompressed)."""
+        out = {n: (a[:count].copy() if copy else a[:count]) for n, a in self.arrays.items()}
+        if self.compressed is not None:
+            out.update(self.compressed.gather(np.arange(count, dtype=np.int64), list(self.compressed.codecs)))
+        return {name: out[name] for name in self._names}
 
     def import_rows(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Every field's rows from row 0 on (checked by the caller against the schema)."""
-        for name, arr in arrays.items():
-            self.arrays[name][: len(arr)] = arr
+        self.write(0, arrays)
 
     def view(self, name: str) -> np.ndarray:
-        """Field ``name`` over all rows: a live strided view into the records."""
+        """Field ``name`` over all rows: a live strided view into the records.
+
+        Raises:
+            NotImplementedError: the field is compressed (its rows have no array to view).
+        """
+        if self.compressed is not None and name in self.compressed.codecs:
+            raise NotImplementedError(f"field {name!r} is compressed ({self.compressed.codecs[name]}): no live view")
         return self.arrays[name]
 
     def close(self) -> None:
         """Nothing to release: the records are ordinary memory."""
 
 
-def record_layout(schema: Schema) -> tuple[dict[str, int], int]:
+def record_layout(schema: Mapping[str, Field]) -> tuple[dict[str, int], int]:
     """Byte offset of each field in a record, and the record size.
 
     Fields keep schema order, each aligned to its item size (at most 8); the

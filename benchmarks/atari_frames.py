@@ -1,0 +1,69 @@
+"""Real Atari frames for the compression tests and benchmark: ale-py's games with the standard preprocessing.
+
+84x84 grayscale frames, 4 emulator frames per step (max-pooled), up to 30 no-ops at reset
+(gymnasium's ``AtariPreprocessing``), a uniformly random policy. ale-py ships the ROMs, so
+nothing is downloaded. ``python benchmarks/atari_frames.py`` rewrites ``tests/data/atari_frames.npz``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+GAMES = ("Pong", "Breakout", "MsPacman", "Qbert")
+TEST_DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "atari_frames.npz"
+
+
+def play(game: str, steps: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(frames, starts)``: ``steps + 1`` frames (uint8, 84x84) of ``game`` under a random policy.
+
+    ``starts[i]`` is True where frame ``i`` is the first of an episode (a reset); an
+    episode's last frame is followed by the next episode's first.
+    """
+    import ale_py
+    import gymnasium as gym
+    from gymnasium.wrappers import AtariPreprocessing
+
+    gym.register_envs(ale_py)
+    env = AtariPreprocessing(
+        gym.make(f"ALE/{game}-v5", frameskip=1, repeat_action_probability=0.0), frame_skip=4, screen_size=84
+    )
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    frames, starts = [obs], [True]
+    while len(frames) <= steps:
+        obs, _, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
+        if terminated or truncated:
+            obs, _ = env.reset()
+        frames.append(obs)
+        starts.append(bool(terminated or truncated))
+    env.close()
+    return np.stack(frames), np.array(starts)
+
+
+def stacks(frames: np.ndarray, starts: np.ndarray, k: int = 4) -> np.ndarray:
+    """``k``-frame stacks ``(n, k, 84, 84)`` of consecutive frames, oldest first, as gymnasium's
+    ``FrameStackObservation`` builds them: before an episode's first frame, that frame repeated."""
+    out = np.empty((len(frames), k, *frames.shape[1:]), frames.dtype)
+    begin = 0
+    for i in range(len(frames)):
+        begin = i if starts[i] else begin
+        for j in range(k):
+            out[i, j] = frames[max(begin, i - (k - 1 - j))]
+    return out
+
+
+def main() -> None:
+    """Write the tests' sample: 96 frames each of Pong and Breakout."""
+    data = {}
+    for game in ("Pong", "Breakout"):
+        frames, starts = play(game, 95, seed=1)
+        data[f"{game}/frames"], data[f"{game}/starts"] = frames, starts
+    TEST_DATA.parent.mkdir(exist_ok=True)
+    np.savez_compressed(TEST_DATA, **data)
+    print(f"wrote {TEST_DATA} ({TEST_DATA.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Field codecs: fields whose rows are kept compressed, one record per row, within a byte budget.
+
+A storage given ``codec=`` keeps the chosen fields out of its fixed-size rows
+and in :class:`CompressedFields` instead: each row of such a field is one
+record of C-Blosc2 (LZ4 or Zstd, linked into the native module, see
+``csrc/codec.cpp``) with a CRC-32, so rows differ in size. Rows are compressed
+by the process that writes them, on ``write``, and decompressed in the gather
+on the native thread pool with the GIL released. Why this library and these
+defaults: ``docs/compression.md``.
+
+``codec`` takes:
+
+* ``None``: nothing compressed;
+* a codec name (``"lz4"`` or ``"zstd"``) or ``(name, level)``: every *image
+  field* (:func:`is_image_field`: uint8 with at least two dimensions per row);
+* a mapping ``{field: None | name | (name, level)}``: exactly those fields.
+
+The byte budget bounds the records' bytes (all compressed fields together), as
+the capacity bounds the rows. It is a hard limit: a write whose records would
+take the storage over it is refused with :class:`ByteBudgetError` before
+anything changes, so a buffer never holds fewer rows than its owner believes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hetero_replay._native import compress_rows, decompress_rows
+from hetero_replay.checks import is_int
+from hetero_replay.storage.schema import Field
+
+#: The codecs a field may have (both from C-Blosc2).
+CODECS = ("lz4", "zstd")
+#: Level of each codec unless one is given (Blosc2's 0-9 scale; 0 stores rows uncompressed). Measured on
+#: real Atari frames (docs/compression.md): Zstd 1 packs 2-4x tighter than LZ4 at any level and decodes
+#: 84x84x4 rows at several GB/s, so it is the codec for image fields; higher levels gain little.
+DEFAULT_LEVELS = {"lz4": 5, "zstd": 1}
+
+
+class ByteBudgetError(ValueError):
+    """A write would take the compressed records over the storage's byte budget (nothing was written)."""
+
+
+class DamagedRecordError(ValueError):
+    """A compressed record failed its CRC or its decompression: the row is not served."""
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How one field's rows are compressed: ``name`` in :data:`CODECS`, ``level`` in 0-9."""
+
+    name: str
+    level: int
+
+    @classmethod
+    def parse(cls, spec: Any, what: str = "codec") -> Codec:
+        """A codec from a name or ``(name, level)``; ``ValueError``/``TypeError`` naming ``what``."""
+        name, level = (spec, None) if isinstance(spec, str) else _pair(spec, what)
+        if name not in CODECS:
+            raise ValueError(f"{what}: unknown codec {name!r}; expected one of {list(CODECS)} or None")
+        if level is None:
+            level = DEFAULT_LEVELS[name]
+        if not is_int(level) or not 0 <= level <= 9:
+            raise ValueError(f"{what}: level must be an integer in [0, 9], got {level!r}")
+        return cls(name, int(level))
+
+
+def is_image_field(field: Field) -> bool:
+    """Whether a field gets the codec by default: uint8 rows of at least two dimensions (frames, stacks)."""
+    return field.dtype == np.uint8 and len(field.shape) >= 2
+
+
+def field_codecs(schema: Mapping[str, Field], codec: Any) -> dict[str, Codec]:
+    """The codec of each compressed field of ``schema`` (see the module's docstring for ``codec``).
+
+    Raises:
+        ValueError: an unknown codec or level, or a mapping naming a field not in ``schema``.
+        TypeError: ``codec`` is neither None, a name, a pair nor a mapping.
+    """
+    if codec is None:
+        return {}
+    if isinstance(codec, Mapping):
+        unknown = [n for n in codec if n not in schema]
+        if unknown:
+            raise ValueError(f"codec names fields not in the schema: {unknown}; fields are {list(schema)}")
+        parsed = {n: Codec.parse(c, f"codec of field {n!r}") for n, c in codec.items() if c is not None}
+        return {n: parsed[n] for n in schema if n in parsed}  # schema order
+    one = Codec.parse(codec)
+    return {n: one for n, f in schema.items() if is_image_field(f)}
+
+
+def _pair(spec: Any, what: str) -> tuple[Any, Any]:
+    if isinstance(spec, Sequence) and len(spec) == 2:
+        return spec[0], spec[1]
+    raise TypeError(f"{what} must be None, a codec name, (name, level) or a mapping of field -> codec, got {spec!r}")
+
+
+class CompressedFields:
+    """The rows of some fields as compressed records (``bytes``), one per field and slot, within a byte budget."""
+
+    def __init__(
+        self, capacity: int, fields: Mapping[str, Field], codecs: Mapping[str, Codec], byte_budget: int | None
+    ) -> None:
+        if byte_budget is not None and (not is_int(byte_budget) or byte_budget < 1):
+            raise ValueError(f"byte_budget must be a positive integer or None, got {byte_budget!r}")
+        self.capacity = capacity
+        self.codecs = dict(codecs)
+        self.byte_budget = None if byte_budget is None else int(byte_budget)
+        self._fields = {n: fields[n] for n in codecs}
+        self._records: dict[str, list[bytes | None]] = {n: [None] * capacity for n in codecs}
+        #: Bytes the records hold now (what the byte budget bounds).
+        self.bytes_used = 0
+        #: Bytes the rows would take raw (the same slots), for the compression ratio.
+        self.raw_bytes = 0
+
+    def encode(self, start: int, arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, list[bytes]], int]:
+        """Records of the compressed fields among ``arrays`` for slots ``start, ...``, and the bytes they add.
+
+        Changes nothing. Raises :class:`ByteBudgetError` if the storage would go over its budget.
+        """
+        encoded: dict[str, list[bytes]] = {}
+        added = 0
+        for name, codec in self.codecs.items():
+            if name not in arrays:
+                continue
+            rows = np.ascontiguousarray(arrays[name]).reshape(len(arrays[name]), -1).view(np.uint8)
+            records = compress_rows(rows, codec.name, codec.level)
+            old = self._records[name]
+            added += sum(map(len, records)) - sum(len(old[s] or b"") for s in self._slots(start, len(records)))
+            encoded[name] = records
+        if self.byte_budget is not None and self.bytes_used + added > self.byte_budget:
+            largest = max((len(r) for rs in encoded.values() for r in rs), default=0)
+            raise ByteBudgetError(
+                f"byte_budget: these rows' compressed records need {self.bytes_used + added} bytes in all "
+                f"(largest record {largest}, {self.bytes_used} held now), over the budget of {self.byte_budget} "
+                "bytes; nothing was written (raise byte_budget or lower capacity, see docs/compression.md)"
+            )
+        return encoded, added
+
+    def commit(self, start: int, encoded: Mapping[str, list[bytes]], added: int) -> None:
+        """Store what :meth:`encode` returned (cannot fail)."""
+        for name, records in encoded.items():
+            held = self._records[name]
+            fresh = sum(held[s] is None for s in self._slots(start, len(records)))
+            for slot, record in zip(self._slots(start, len(records)), records):
+                held[slot] = record
+            self.raw_bytes += fresh * self._fields[name].item_bytes
+        self.bytes_used += added
+
+    def gather(self, indices: np.ndarray, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Rows at ``indices`` of the compressed fields ``names``, decompressed.
+
+        Raises:
+            DamagedRecordError: a record fails its CRC or its decompression (naming field and slots).
+        """
+        out = {}
+        for name in names:
+            field = self._fields[name]
+            rows = np.empty((len(indices), *field.shape), field.dtype)
+            bad = decompress_rows(self._records[name], indices, rows.reshape(len(indices), -1).view(np.uint8))
+            if bad:
+                slots = sorted({int(indices[i]) for i in bad})
+                raise DamagedRecordError(f"field {name!r}: the compressed records of slots {slots} are damaged")
+            out[name] = rows
+        return out
+
+    def _slots(self, start: int, rows: int) -> range | list[int]:
+        end = start + rows
+        return range(start, end) if end <= self.capacity else [s % self.capacity for s in range(start, end)]
+
+
+__all__ = [
+    "CODECS",
+    "DEFAULT_LEVELS",
+    "ByteBudgetError",
+    "Codec",
+    "CompressedFields",
+    "DamagedRecordError",
+    "field_codecs",
+    "is_image_field",
+]
