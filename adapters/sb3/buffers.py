@@ -22,6 +22,7 @@ operations under way, so the child gets consistent buffers with free locks.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import warnings
 import weakref
@@ -42,8 +43,10 @@ from hetero_replay import (
     PEROptions,
     Placement,
     PrioritizedReplay,
+    RateLimiter,
     RelaxedReplay,
     Replay,
+    Sample,
     Schema,
     ShardedReplay,
     StalenessOptions,
@@ -174,6 +177,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             ``optimize_memory_usage``, ``placement`` or ``storage``; the array attributes (``observations``,
             ...) are not available, and ``save_replay_buffer`` is refused
             (shards make durable points themselves).
+        rate_limiter: a :class:`hetero_replay.RateLimiter` the engine buffer's ``add`` and ``sample`` ask
+            (see :class:`hetero_replay.PrioritizedReplay`): for writer processes adding to a
+            ``"shared"`` or ``"disk"`` buffer at their own pace. With ``distributed=``, give it there
+            (``distributed=dict(num_shards=2, rate_limiter=...)``).
 
     With device batches (storage on a device, or a learner off the CPU), the
     sampled tensors come from the core engine untouched, the ``indices`` are a
@@ -223,11 +230,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         storage: str = "host",
         storage_options: dict[str, Any] | None = None,
         distributed: Any = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         # The PER options are checked by PEROptions; these arguments are the
         # adapter's own (or would reach NumPy unnamed).
         check_int(buffer_size, "buffer_size", low=1)
-        _check_distributed(distributed, optimize_memory_usage, placement, storage)
+        _check_distributed(distributed, optimize_memory_usage, placement, storage, rate_limiter)
         #: The staleness schedule's options (validated here, once).
         self.schedule_options = StalenessOptions(staleness, prefetch)
         self.staleness, self.prefetch = self.schedule_options.staleness, self.schedule_options.prefetch
@@ -269,6 +277,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             self._config.update(placement.replay_kwargs())
         if storage_options is not None:
             self._config["storage_options"] = storage_options
+        if rate_limiter is not None:
+            self._config["rate_limiter"] = rate_limiter
         self._action_shapes, self._action_bounds = _action_rules(action_space, self.action_dim, n_envs)
         if seed is None:
             seed = int(np.random.randint(2**31 - 1))
@@ -284,6 +294,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._stage_new()
         self._samples_since_update = 0
         self._warned_no_update = False
+        self._weight_sums: list[Any] = []  # each sampled batch's IS-weight sum, for take_mean_weight()
+        self._weights_sampled = 0
         self._lock = ForkSafeLock(OUTER)
         self._closed = False
         self._close_when_gone()
@@ -542,10 +554,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if self._staged_rows:
                 self._commit()
             batch = self._replay.sample(batch_size)
-            data = batch.data
-            if self.optimize_memory_usage:
-                data = {**data, "next_obs": self._next_observations(batch.indices)}
-            self._count_sample()
+            data = self._batch_data(batch)
+            self._count_sample(batch.weights)
             # Still under the lock: torch's conversions must not run on a daemon thread at interpreter exit
             # (the exit handler waits for buffer locks; torch aborts there).
             if env is not None and self._device_batches:
@@ -565,6 +575,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 weights=tensor(batch.weights.reshape(-1, 1)),
                 indices=batch.indices,
             )
+
+    def _batch_data(self, batch: Sample) -> dict[str, Any]:
+        """A sampled batch's fields by name, as :meth:`sample` builds its tensors from them. Hold the lock.
+
+        The one place a subclass changes what is sampled (HER relabels goals here), before
+        normalisation and the conversion to tensors.
+        """
+        if self.optimize_memory_usage:
+            return {**batch.data, "next_obs": self._next_observations(batch.indices)}
+        return batch.data
 
     def _next_observations(self, indices: np.ndarray | th.Tensor) -> np.ndarray | th.Tensor:
         """With ``optimize_memory_usage``: the next observations of sampled slots.
@@ -822,8 +842,24 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._closed = False
         self._close_when_gone()
 
-    def _count_sample(self) -> None:
-        """Count a successful sample; warn once when priorities never move. Hold the lock."""
+    def take_mean_weight(self) -> float:
+        """The mean IS weight of the transitions sampled since the last call (NaN if none): what SB3 logs.
+
+        The batches' sums were taken as they were sampled (on the host, or as a
+        device tensor): reading them here costs at most one device sync per call.
+        """
+        with self._lock:
+            sums, n = self._weight_sums, self._weights_sampled
+            self._weight_sums, self._weights_sampled = [], 0
+        if n == 0:
+            return float("nan")
+        total = th.stack(sums).sum().item() if isinstance(sums[0], th.Tensor) else math.fsum(sums)
+        return total / n
+
+    def _count_sample(self, weights: np.ndarray | th.Tensor) -> None:
+        """Count a successful sample and its IS weights; warn once when priorities never move. Hold the lock."""
+        self._weight_sums.append(weights.sum())
+        self._weights_sampled += len(weights)
         self._samples_since_update += 1
         if self._samples_since_update == WARN_AFTER_SAMPLES and not self._warned_no_update:
             self._warned_no_update = True
@@ -983,7 +1019,9 @@ def _close_unclosed(buffer_class: type[PrioritizedReplayBuffer], state: dict[str
     buffer.close()
 
 
-def _check_distributed(distributed: Any, optimize_memory_usage: Any, placement: Any, storage: Any) -> None:
+def _check_distributed(
+    distributed: Any, optimize_memory_usage: Any, placement: Any, storage: Any, rate_limiter: Any
+) -> None:
     """``distributed=`` is a dict of ShardedReplay arguments or a ShardedReplay, and excludes what a local engine needs."""
     if distributed is None:
         return
@@ -998,6 +1036,7 @@ def _check_distributed(distributed: Any, optimize_memory_usage: Any, placement: 
         ("optimize_memory_usage", optimize_memory_usage, False),
         ("placement", placement, None),
         ("storage", storage, "host"),
+        ("rate_limiter", rate_limiter, None),
     ]:
         if value != default:
             raise ValueError(

@@ -10,15 +10,16 @@ from __future__ import annotations
 import io
 import logging
 import pathlib
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.utils import ConstantSchedule, LinearSchedule, get_device
 
 from hetero_replay import Placement
 from hetero_replay.adapters.sb3.buffers import DictPrioritizedReplayBuffer, PrioritizedReplayBuffer
+from hetero_replay.adapters.sb3.nstep import NStepPrioritizedReplayBuffer
 from hetero_replay.extend import Advice, check_beta, check_staleness, is_real, one_policy_placement, same_device
 
 _log = logging.getLogger("hetero_replay.adapters.sb3")
@@ -65,6 +66,11 @@ class PERMixin(_OffPolicyBase):
       fixed schedule, so seeded runs still repeat exactly; where the replay work
       is a large enough share of a step, a worker thread does it while the
       network trains.
+    * ``n_steps=k > 1`` (SB3's argument) trains on n-step returns, as SB3 does:
+      the default buffer is then :class:`NStepPrioritizedReplayBuffer` (with
+      the model's ``n_steps`` and ``gamma``), whose priorities belong to the
+      n-step transition that starts at each stored row. Refused for ``Dict``
+      observations, as SB3 refuses it.
     * ``placement`` places the primitives: the model's device is
       ``placement.learner_device`` and the buffer is built from the placement (see
       :class:`~hetero_replay.adapters.sb3.PrioritizedReplayBuffer`). SB3 acts
@@ -97,7 +103,9 @@ class PERMixin(_OffPolicyBase):
         TypeError: ``placement`` is neither a :class:`~hetero_replay.placement.Placement`, ``"auto"`` nor ``None``.
         ValueError: the placement's inference and train devices differ, or
             ``device`` or ``replay_buffer_kwargs`` contradict the placement;
-            ``staleness`` out of range or contradicted by ``replay_buffer_kwargs``.
+            ``staleness`` out of range or contradicted by ``replay_buffer_kwargs``;
+            ``n_steps > 1`` with ``Dict`` observations, or ``n_steps`` or ``gamma``
+            contradicted by ``replay_buffer_kwargs``.
         hetero_replay.placement.DeviceUnavailableError: the placement names a device
             this machine lacks (also for a placement built with ``check=False``).
     """
@@ -196,22 +204,38 @@ class PERMixin(_OffPolicyBase):
         # super()._setup_model from replay_buffer_class / replay_buffer_kwargs).
         if self.placement is not None:
             self._apply_placement()
+        n_steps = getattr(self, "n_steps", 1)
         if self.replay_buffer_class is None:
-            dict_obs = isinstance(self.observation_space, spaces.Dict)
-            self.replay_buffer_class = DictPrioritizedReplayBuffer if dict_obs else PrioritizedReplayBuffer
+            self.replay_buffer_class = self._default_buffer_class(n_steps)
+            if n_steps > 1:
+                self.replay_buffer_kwargs = _with_n_steps(self.replay_buffer_kwargs, n_steps, self.gamma)
         _require_priorities(self.replay_buffer_class, type(self).__name__)
         if self.staleness:
             self.replay_buffer_kwargs = {**self.replay_buffer_kwargs, "staleness": self.staleness}
-        if getattr(self, "n_steps", 1) > 1:
-            raise ValueError(
-                f"{type(self).__name__} does not support n-step returns (n_steps={self.n_steps}): "
-                "the prioritized buffer stores 1-step transitions"
-            )
-        super()._setup_model()
+        with warnings.catch_warnings():
+            if n_steps > 1 and self.replay_buffer_kwargs.get("n_steps") == n_steps:
+                # SB3 warns that n_steps is ignored with any buffer class given; ours was given n_steps.
+                warnings.filterwarnings("ignore", message=r"`n_steps=\d+` is ignored", category=UserWarning)
+            super()._setup_model()
         if self.beta_schedule is None:
             self.beta_schedule = LinearSchedule(self.replay_buffer.beta, 1.0, 1.0)
         elif not callable(self.beta_schedule):  # a constant, checked in __init__
             self.beta_schedule = ConstantSchedule(float(self.beta_schedule))
+
+    def _default_buffer_class(self, n_steps: int) -> type[PrioritizedReplayBuffer]:
+        """The buffer for ``replay_buffer_class=None``: n-step, ``Dict`` or plain, as SB3 picks its own.
+
+        Raises:
+            ValueError: ``n_steps > 1`` with ``Dict`` observations (SB3 has no n-step returns for those).
+        """
+        if not isinstance(self.observation_space, spaces.Dict):
+            return NStepPrioritizedReplayBuffer if n_steps > 1 else PrioritizedReplayBuffer
+        if n_steps > 1:
+            raise ValueError(
+                f"{type(self).__name__}: n_steps={n_steps} with Dict observations: n-step returns are not "
+                "supported for Dict observation spaces (nor by SB3); use n_steps=1"
+            )
+        return DictPrioritizedReplayBuffer
 
     def _apply_placement(self) -> None:
         """Check the placement and make it the model's: its device and its buffer's placement."""
@@ -269,11 +293,12 @@ class PERMixin(_OffPolicyBase):
             ) from None
         return float(beta)
 
-    def _record_per(self, beta: float, mean_weights: list[th.Tensor]) -> None:
-        """Log the PER state after one ``train()`` call; ``mean_weights``: each batch's mean IS weight, as the
-        0-d tensors the steps computed (read here once, so the steps never wait for the device to log them)."""
+    def _record_per(self, beta: float) -> None:
+        """Log the PER state after one ``train()`` call (the mean IS weight of its batches, if the buffer keeps it)."""
         self.logger.record("train/per_beta", beta)
-        self.logger.record("train/per_mean_weight", th.stack(mean_weights).mean().item())
+        take_mean_weight = getattr(self.replay_buffer, "take_mean_weight", None)
+        if take_mean_weight is not None:
+            self.logger.record("train/per_mean_weight", take_mean_weight())
         self.logger.record("train/per_max_priority", self.replay_buffer.max_priority)
         self.logger.record("train/per_staleness", self.staleness)
         self.logger.record("train/per_dropped_updates", getattr(self.replay_buffer, "dropped_updates", 0))
@@ -300,6 +325,20 @@ def _require_same_env(buffer: Any, model: Any, algo: str) -> None:
                 f"the loaded buffer's {name} is {theirs}, but {algo}'s is {ours}; "
                 "load a buffer saved by a model of the same environment"
             )
+
+
+def _with_n_steps(buffer_kwargs: dict[str, Any], n_steps: int, gamma: float) -> dict[str, Any]:
+    """``buffer_kwargs`` with the model's ``n_steps`` and ``gamma`` for the n-step buffer (as SB3 passes them).
+
+    Raises:
+        ValueError: ``buffer_kwargs`` names another value of either: the returns would not be the model's.
+    """
+    for name, value in (("n_steps", n_steps), ("gamma", gamma)):
+        if name in buffer_kwargs and buffer_kwargs[name] != value:
+            raise ValueError(
+                f"{name}={value!r} and replay_buffer_kwargs[{name!r}]={buffer_kwargs[name]!r} differ; pass one"
+            )
+    return {**buffer_kwargs, "n_steps": n_steps, "gamma": gamma}
 
 
 def _require_priorities(buffer_class: type, algo: str) -> None:

@@ -29,7 +29,6 @@ class PERCrossQ(PERMixin, CrossQ):
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
         """``gradient_steps`` critic updates on PER batches; every ``policy_delay``-th also updates actor and entropy."""
         beta, logs = start_max_entropy_train(self)
-        mean_weights = []
         for _ in range(gradient_steps):
             self._n_updates += 1
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
@@ -44,7 +43,6 @@ class PERCrossQ(PERMixin, CrossQ):
             critic_loss = 0.5 * (batch.weights * (current - target) ** 2).mean(dim=(1, 2)).sum()
             self.replay_buffer.update_priorities(batch.indices, (current.detach() - target).abs().mean(dim=0))
             logs["critic_loss"].append(critic_loss.item())
-            mean_weights.append(batch.weights.mean())  # kept as a tensor: read once per train(), no sync per step
             descend(self.critic.optimizer, critic_loss)
 
             if self._n_updates % self.policy_delay == 0:
@@ -53,7 +51,7 @@ class PERCrossQ(PERMixin, CrossQ):
         for name, values in logs.items():
             if values:
                 self.logger.record(f"train/{name}", np.mean(values))
-        self._record_per(beta, mean_weights)
+        self._record_per(beta)
 
     def _q_values_and_target(
         self, batch: PrioritizedReplayBufferSamples, ent_coef: th.Tensor

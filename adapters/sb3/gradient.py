@@ -1,8 +1,9 @@
-"""Steps the PER algorithms written here (TQC, CrossQ) share: one gradient step, and how a ``train()`` of a
-maximum-entropy actor-critic starts."""
+"""Steps the PER algorithms written here share: one gradient step, how a ``train()`` of a maximum-entropy
+actor-critic (SAC, TQC, CrossQ) starts, and its entropy coefficient's step."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch as th
@@ -26,3 +27,34 @@ def start_max_entropy_train(model: Any) -> tuple[float, dict[str, list[float]]]:
         optimizers.append(model.ent_coef_optimizer)
     model._update_learning_rate(optimizers)
     return model._update_beta(), {"ent_coef": [], "ent_coef_loss": [], "critic_loss": [], "actor_loss": []}
+
+
+def entropy_coefficient(model: Any, log_prob: th.Tensor, losses: list[float]) -> th.Tensor:
+    """This step's entropy coefficient of a max-entropy ``model``; a learned one also steps towards the target entropy.
+
+    The value returned is the one before that step, detached, so the critic and actor losses
+    do not move the coefficient; the coefficient's own loss is appended to ``losses``.
+    """
+    if model.ent_coef_optimizer is None or model.log_ent_coef is None:
+        return model.ent_coef_tensor  # type: ignore[no-any-return]
+    coefficient = th.exp(model.log_ent_coef.detach())
+    assert not isinstance(model.target_entropy, str)  # "auto" is resolved to a number by _setup_model
+    loss = -(model.log_ent_coef * (log_prob + model.target_entropy).detach()).mean()
+    losses.append(loss.item())
+    descend(model.ent_coef_optimizer, loss)
+    return coefficient
+
+
+def weighted_critic_loss_and_td(
+    current: Sequence[th.Tensor], target: th.Tensor, weights: th.Tensor
+) -> tuple[th.Tensor, th.Tensor]:
+    """PER's critic loss and new priorities for critics ``current`` (each ``(B, 1)``) regressing on ``target``.
+
+    The loss is the sum over critics of each one's IS-weighted mean squared error. The TD error is
+    the **mean over critics** of ``|Q_k - target|``: it keeps every critic's error in the priority,
+    where a mean of signed errors could cancel out.
+    """
+    loss = sum((weights * (q - target) ** 2).mean() for q in current)
+    assert isinstance(loss, th.Tensor)
+    td = th.stack([(q.detach() - target).abs() for q in current]).mean(dim=0)
+    return loss, td

@@ -38,14 +38,13 @@ class PERQRDQN(PERMixin, QRDQN):
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
         beta = self._update_beta()
-        losses, mean_weights = [], []
+        losses = []
         for _ in range(gradient_steps):
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
             current = _quantiles_of(self.quantile_net(batch.observations), batch.actions)
             loss, td_errors = weighted_loss_and_mean_td(current, self._target_quantiles(batch), batch.weights, True)
             self.replay_buffer.update_priorities(batch.indices, td_errors)
             losses.append(loss.item())
-            mean_weights.append(batch.weights.mean())  # kept as a tensor: read once per train(), no sync per step
             self.policy.optimizer.zero_grad()
             loss.backward()
             if self.max_grad_norm is not None:
@@ -54,7 +53,7 @@ class PERQRDQN(PERMixin, QRDQN):
         self._n_updates += gradient_steps
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/loss", np.mean(losses))
-        self._record_per(beta, mean_weights)
+        self._record_per(beta)
 
     def _target_quantiles(self, batch: PrioritizedReplayBufferSamples) -> th.Tensor:
         """``r + discount * Z'(s', a*)``, shape ``(batch_size, n_quantiles)``.

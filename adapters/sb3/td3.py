@@ -12,9 +12,10 @@ import numpy as np
 import torch as th
 from stable_baselines3 import DDPG, TD3
 from stable_baselines3.common.utils import polyak_update
-from torch.nn import functional as F
 
+from hetero_replay.adapters.sb3.buffers import PrioritizedReplayBufferSamples
 from hetero_replay.adapters.sb3.common import PERMixin
+from hetero_replay.adapters.sb3.gradient import descend, weighted_critic_loss_and_td
 
 if TYPE_CHECKING:
     # The train mixin is only ever mixed into TD3 or DDPG (a TD3): type-check it
@@ -25,91 +26,60 @@ else:
 
 
 class PERTD3TrainMixin(PERMixin, _TD3Base):
-    """``TD3.train`` with prioritized replay; the changes are marked ``# PER``.
+    """``TD3.train`` with prioritized replay: TD3's update (clipped target-policy noise, the smaller target
+    critic, delayed actor and target updates), with PER's two changes.
 
     * Each critic's squared error is weighted per transition by its
       importance-sampling weight before averaging.
     * The new priority of a transition is the **mean over the critics** of
-      ``|Q_k(s, a) - target|`` (with DDPG's single critic, just its ``|TD error|``).
-      The mean keeps every critic's error in the priority, where the mean of
-      signed errors could cancel out.
+      ``|Q_k(s, a) - target|`` (with DDPG's single critic, just its ``|TD error|``;
+      :func:`~hetero_replay.adapters.sb3.gradient.weighted_critic_loss_and_td`).
     * The actor loss is left unweighted: IS weights correct the bias of the
       critics' regression targets, which the actor's objective does not have.
     """
 
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
-        # Switch to train mode (this affects batch norm / dropout)
+        """``gradient_steps`` critic updates on PER batches; every ``policy_delay``-th also updates the actor."""
         self.policy.set_training_mode(True)
-
-        # Update learning rate according to lr schedule
         self._update_learning_rate([self.actor.optimizer, self.critic.optimizer])
-        beta = self._update_beta()  # PER: anneal beta
-
-        actor_losses, critic_losses, mean_weights = [], [], []
+        beta = self._update_beta()
+        actor_losses, critic_losses = [], []
         for _ in range(gradient_steps):
             self._n_updates += 1
-            # Sample replay buffer
-            replay_data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
-            discounts = replay_data.discounts if replay_data.discounts is not None else self.gamma
-
-            with th.no_grad():
-                # Select action according to policy and add clipped noise
-                noise = replay_data.actions.clone().data.normal_(0, self.target_policy_noise)
-                noise = noise.clamp(-self.target_noise_clip, self.target_noise_clip)
-                next_actions = (self.actor_target(replay_data.next_observations) + noise).clamp(-1, 1)
-
-                # Compute the next Q-values: min over all critics targets
-                next_q_values = th.cat(self.critic_target(replay_data.next_observations, next_actions), dim=1)
-                next_q_values, _ = th.min(next_q_values, dim=1, keepdim=True)
-                target_q_values = replay_data.rewards + (1 - replay_data.dones) * discounts * next_q_values
-
-            # Get current Q-values estimates for each critic network
-            current_q_values = self.critic(replay_data.observations, replay_data.actions)
-
-            # PER: squared error per transition, weighted by its importance-sampling weight
-            critic_loss = sum(
-                (replay_data.weights * F.mse_loss(current_q, target_q_values, reduction="none")).mean()
-                for current_q in current_q_values
+            batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
+            critic_loss, td_errors = weighted_critic_loss_and_td(
+                self.critic(batch.observations, batch.actions), self._target(batch), batch.weights
             )
-            assert isinstance(critic_loss, th.Tensor)
+            self.replay_buffer.update_priorities(batch.indices, td_errors)
             critic_losses.append(critic_loss.item())
-            # PER: new priority = mean over critics of |Q_k - target|
-            td_errors = th.stack([(q.detach() - target_q_values).abs() for q in current_q_values]).mean(dim=0)
-            self.replay_buffer.update_priorities(replay_data.indices, td_errors)
-            mean_weights.append(replay_data.weights.mean())  # PER: a tensor, read once per train() (no sync)
+            descend(self.critic.optimizer, critic_loss)
 
-            # Optimize the critics
-            self.critic.optimizer.zero_grad()
-            critic_loss.backward()
-            self.critic.optimizer.step()
-
-            # Delayed policy updates
             if self._n_updates % self.policy_delay == 0:
-                # Compute actor loss
-                # q1_forward is annotated obs: Tensor, but it takes SB3's PyTorchObs (a dict of
-                # tensors under MultiInputPolicy), as SB3's own TD3.train passes it.
-                actor_loss = -self.critic.q1_forward(
-                    replay_data.observations,  # type: ignore[arg-type]  # Tensor or dict: see above
-                    self.actor(replay_data.observations),
-                ).mean()
+                # q1_forward is annotated obs: Tensor but takes SB3's PyTorchObs (a dict under MultiInputPolicy).
+                q_pi = self.critic.q1_forward(batch.observations, self.actor(batch.observations))  # type: ignore[arg-type]
+                actor_loss = -q_pi.mean()
                 actor_losses.append(actor_loss.item())
-
-                # Optimize the actor
-                self.actor.optimizer.zero_grad()
-                actor_loss.backward()
-                self.actor.optimizer.step()
-
+                descend(self.actor.optimizer, actor_loss)
                 polyak_update(self.critic.parameters(), self.critic_target.parameters(), self.tau)
                 polyak_update(self.actor.parameters(), self.actor_target.parameters(), self.tau)
-                # Copy running stats, see GH issue #996
+                # Batch-norm running statistics are copied, not averaged (SB3 issue 996).
                 polyak_update(self.critic_batch_norm_stats, self.critic_batch_norm_stats_target, 1.0)
                 polyak_update(self.actor_batch_norm_stats, self.actor_batch_norm_stats_target, 1.0)
-
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-        if len(actor_losses) > 0:
+        if actor_losses:
             self.logger.record("train/actor_loss", np.mean(actor_losses))
         self.logger.record("train/critic_loss", np.mean(critic_losses))
-        self._record_per(beta, mean_weights)
+        self._record_per(beta)
+
+    def _target(self, batch: PrioritizedReplayBufferSamples) -> th.Tensor:
+        """``r + discount * min_k Q'_k(s', a')``, ``a'`` the target actor's action plus clipped noise; ``(B, 1)``."""
+        discount = self.gamma if batch.discounts is None else batch.discounts
+        with th.no_grad():
+            noise = th.empty_like(batch.actions).normal_(0, self.target_policy_noise)
+            noise = noise.clamp(-self.target_noise_clip, self.target_noise_clip)
+            next_actions = (self.actor_target(batch.next_observations) + noise).clamp(-1, 1)
+            next_q = th.cat(self.critic_target(batch.next_observations, next_actions), dim=1)
+            return batch.rewards + (1 - batch.dones) * discount * next_q.min(dim=1, keepdim=True).values
 
 
 class PERTD3(PERTD3TrainMixin, TD3):

@@ -9,7 +9,7 @@ from stable_baselines3.common.utils import polyak_update
 
 from hetero_replay.adapters.sb3.buffers import PrioritizedReplayBufferSamples
 from hetero_replay.adapters.sb3.common import PERMixin
-from hetero_replay.adapters.sb3.gradient import descend, start_max_entropy_train
+from hetero_replay.adapters.sb3.gradient import descend, entropy_coefficient, start_max_entropy_train
 from hetero_replay.adapters.sb3.quantile import weighted_loss_and_mean_td
 
 
@@ -33,14 +33,13 @@ class PERTQC(PERMixin, TQC):
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
         """``gradient_steps`` updates of the entropy coefficient, critics and actor on PER batches."""
         beta, logs = start_max_entropy_train(self)
-        mean_weights = []
         for step in range(gradient_steps):
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
             if self.use_sde:
                 self.actor.reset_noise()  # log_std may have moved since the last step
             actions_pi, log_prob = self.actor.action_log_prob(batch.observations)
             log_prob = log_prob.reshape(-1, 1)
-            ent_coef = self._entropy_coefficient(log_prob, logs["ent_coef_loss"])
+            ent_coef = entropy_coefficient(self, log_prob, logs["ent_coef_loss"])
             logs["ent_coef"].append(ent_coef.item())
 
             target = self._target_quantiles(batch, ent_coef)
@@ -48,7 +47,6 @@ class PERTQC(PERMixin, TQC):
             critic_loss, td_errors = weighted_loss_and_mean_td(current, target, batch.weights, False)
             self.replay_buffer.update_priorities(batch.indices, td_errors)
             logs["critic_loss"].append(critic_loss.item())
-            mean_weights.append(batch.weights.mean())  # kept as a tensor: read once per train(), no sync per step
             descend(self.critic.optimizer, critic_loss)
 
             # The actor climbs the critics' mean quantile, with the entropy bonus.
@@ -66,22 +64,7 @@ class PERTQC(PERMixin, TQC):
         for name, values in logs.items():
             if values:
                 self.logger.record(f"train/{name}", np.mean(values))
-        self._record_per(beta, mean_weights)
-
-    def _entropy_coefficient(self, log_prob: th.Tensor, losses: list[float]) -> th.Tensor:
-        """This step's entropy coefficient; a learned one also takes one step towards the target entropy.
-
-        The value returned is the one before that step, detached, so the critic and actor losses
-        do not move the coefficient.
-        """
-        if self.ent_coef_optimizer is None or self.log_ent_coef is None:
-            return self.ent_coef_tensor
-        coefficient = th.exp(self.log_ent_coef.detach())
-        assert not isinstance(self.target_entropy, str)  # "auto" is resolved to a number by _setup_model
-        loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()
-        losses.append(loss.item())
-        descend(self.ent_coef_optimizer, loss)
-        return coefficient
+        self._record_per(beta)
 
     def _target_quantiles(self, batch: PrioritizedReplayBufferSamples, ent_coef: th.Tensor) -> th.Tensor:
         """The soft target quantiles, shape ``(batch_size, 1, kept)``: broadcast over the critics.
