@@ -199,13 +199,16 @@ class RelaxedReplay:
 
         Raises what the wrapped buffer raises (nothing changes then), or the
         error of a queued update this batch needed (naming its step; the
-        update is skipped, and the next call draws the batch).
+        update is skipped, and the next call draws the batch). The wrapped
+        buffer's rate limiter counts the batches the learner takes, not those
+        drawn ahead.
         """
         if self._core is None:
             return self.replay.sample(batch_size, beta)
         n = check_batch_size(batch_size)
         b = self.replay.beta if beta is None else check_beta(beta)
-        return self._core.sample(n, b)
+        with self.replay.rate_limited("sample", n):  # waits holding none of the schedule's locks
+            return self._core.sample(n, b)
 
     def update_priorities(self, indices: Any, td_errors: Any) -> None:
         """Queue new priorities ``(|td| + eps) ** alpha`` for the batch of the latest step; returns at once.
@@ -224,11 +227,17 @@ class RelaxedReplay:
     def add(self, batch: Any) -> np.ndarray:
         """Append transitions (:meth:`PrioritizedReplay.add`); batches released after it see them.
 
-        Batches drawn ahead stay as drawn (see the module docstring).
+        Batches drawn ahead stay as drawn (see the module docstring). With a rate
+        limiter, it waits before the schedule's lock, which the learner's
+        sample that lets it go needs.
         """
         if self._core is None:
             return self.replay.add(batch)
-        return self._core.write(self.replay.add, batch)
+        if self.replay.rate_limiter is None:
+            return self._core.write(self.replay.add, batch)
+        rows = self.replay.storage.validate(batch)[0]  # refused before it waits
+        with self.replay.rate_limited("insert", rows):
+            return self._core.write(self.replay.add, batch)
 
     def write_rows(self, start: int, fields: Any) -> None:
         """:meth:`PrioritizedReplay.write_rows`, ordered with samples like :meth:`add`."""
@@ -454,7 +463,7 @@ class _Pipeline:
             if drawn is None:
                 self._catch_up()
                 self._raise_error(self.schedule.seen_by_next)
-                drawn = _Drawn(self.schedule.served, self.replay.sample(n, 1.0), n, None, self.replay.write_epoch)
+                drawn = _Drawn(self.schedule.served, self.replay.draw(n, 1.0), n, None, self.replay.write_epoch)
             else:
                 self.ready.popleft()
             self.schedule.serve(drawn.epoch)
@@ -638,7 +647,7 @@ class _Pipeline:
         self.lock.release()
         try:
             with self.streams.worker():
-                batch = self.replay.sample(n, 1.0)
+                batch = self.replay.draw(n, 1.0)
                 beta = self.replay.beta  # most likely the next sample's: raise the weights here, off the learner
                 weights = batch.weights if beta == 1.0 else batch.weights**beta
                 event = self.streams.record()

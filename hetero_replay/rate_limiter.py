@@ -32,16 +32,19 @@ checkpoint through :meth:`state_dict` / :meth:`load_state_dict`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hetero_replay.checks import check_int, check_real
 
 #: ``timeout=`` left out: the limiter's own.
 DEFAULT: Any = object()
+#: How often a wait with ``poll=`` polls (a writer process's insert is seen within this).
+POLL_SECONDS = 0.001
 
 
 class RateLimited(TimeoutError):
@@ -95,8 +98,14 @@ class RateLimiter:
 
     # -- the two sides ----------------------------------------------------------------------
 
-    def sample(self, n: int, timeout: float | None = DEFAULT, count: bool = True) -> None:
+    def sample(
+        self, n: int, timeout: float | None = DEFAULT, count: bool = True, poll: Callable[[], None] | None = None
+    ) -> None:
         """Wait until a sample of ``n`` may go (see :meth:`can_sample`), then count it (unless ``not count``).
+
+        ``poll``: called every :data:`POLL_SECONDS` while waiting, outside the limiter's lock, for owners
+        that learn of inserts by polling (a ring that other processes write: its owner counts what a poll
+        finds with :meth:`count`).
 
         Raises:
             ValueError: ``n`` is not in ``[1, error]`` (a larger batch could wait on writers that wait on it).
@@ -108,11 +117,9 @@ class RateLimiter:
                 f"a sample of n={n} is more than error={self.error:g}: it could wait on writers waiting on it; "
                 "raise error= to at least the batch size"
             )
-        self._wait(lambda: self.can_sample(n), "sample", n, timeout)
+        self._wait(lambda: self.can_sample(n), "sample", n, timeout, poll)
         if count:
-            with self._cond:
-                self.sampled += n
-                self._cond.notify_all()
+            self.count(sampled=n)
 
     def insert(self, n: int, timeout: float | None = DEFAULT, count: bool = True) -> None:
         """Wait until an insert of ``n`` may go (see :meth:`can_insert`), then count it (unless ``not count``).
@@ -122,17 +129,50 @@ class RateLimiter:
             RateLimited: not allowed within ``timeout`` (default :attr:`timeout`), or closed.
         """
         n = check_int(n, "n", 1)
-        self._wait(lambda: self.can_insert(n), "insert", n, timeout)
+        self._wait(lambda: self.can_insert(n), "insert", n, timeout, None)
         if count:
-            with self._cond:
-                self.inserted += n
-                self._cond.notify_all()
+            self.count(inserted=n)
 
-    def _wait(self, allowed: Any, what: str, n: int, timeout: float | None) -> None:
+    @contextlib.contextmanager
+    def admitted(self, side: str, n: int, count: bool = True, poll: Callable[[], None] | None = None) -> Iterator[None]:
+        """A buffer's front door: wait until an ``"insert"`` or ``"sample"`` of ``n`` may go, run the body, count it.
+
+        Nothing is counted when the body raises (the buffer refused the call), nor with ``count=False``
+        (the owner counts what it learns by polling; ``poll`` as in :meth:`sample`).
+
+        Raises:
+            ValueError: ``side`` is neither, or ``n`` as in :meth:`sample` / :meth:`insert`.
+            RateLimited: as there.
+        """
+        if side == "sample":
+            self.sample(n, count=False, poll=poll)
+        elif side == "insert":
+            self.insert(n, count=False)
+        else:
+            raise ValueError(f"side must be 'insert' or 'sample', got {side!r}")
+        yield
+        if count and side == "sample":
+            self.count(sampled=n)
+        elif count:
+            self.count(inserted=n)
+
+    def count(self, inserted: int = 0, sampled: int = 0) -> None:
+        """Count transitions inserted and sampled without waiting (what a call let through by a wait did)."""
+        inserted, sampled = check_int(inserted, "inserted", 0), check_int(sampled, "sampled", 0)
+        with self._cond:
+            self.inserted += inserted
+            self.sampled += sampled
+            self._cond.notify_all()
+
+    def _wait(self, allowed: Any, what: str, n: int, timeout: float | None, poll: Callable[[], None] | None) -> None:
         timeout = self.timeout if timeout is DEFAULT else _check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while not allowed():
+        while True:
+            if poll is not None:
+                poll()  # outside the lock: the poll takes its owner's lock, which counts under ours
+            with self._cond:
+                if allowed():
+                    return
                 if self._closed:
                     raise RateLimited(f"the rate limiter was closed while a {what} of {n} waited")
                 left = None if deadline is None else deadline - time.monotonic()
@@ -142,7 +182,14 @@ class RateLimiter:
                         f"sampled {self.sampled}, samples_per_insert {self.samples_per_insert:g} ± "
                         f"{self.error:g}, min_size {self.min_size}"
                     )
+                if poll is not None:
+                    left = POLL_SECONDS if left is None else min(left, POLL_SECONDS)
                 self._cond.wait(left)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
 
     def close(self) -> None:
         """Wake every waiter (each raises :class:`RateLimited`); later calls that would wait raise at once."""
@@ -172,6 +219,14 @@ class RateLimiter:
         with self._cond:
             self.inserted, self.sampled = inserted, sampled
             self._cond.notify_all()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (pickled, deep-copied) has the same settings, counters and timeout, and a lock of its own."""
+        return {**self.state_dict(), "timeout": self.timeout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["samples_per_insert"], state["error"], state["min_size"], state["timeout"])  # type: ignore[misc]
+        self.load_state_dict(state)
 
     def __repr__(self) -> str:
         return (

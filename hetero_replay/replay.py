@@ -22,9 +22,11 @@ flight finish first), so a child process gets a consistent, usable buffer.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,7 @@ from hetero_replay.forksafe import INNER, ForkSafeLock
 from hetero_replay.options import DEFAULT_EPS, UNSET, PEROptions, check_beta
 from hetero_replay.priorities import Priorities, PrioritySnapshot
 from hetero_replay.protocol import Sample
+from hetero_replay.rate_limiter import RateLimiter
 from hetero_replay.storage import (
     DEFAULT_STORAGE,
     DeviceStorage,
@@ -82,6 +85,14 @@ class PrioritizedReplay:
             directory, required), ``ram_bytes``, ``read_threads``,
             ``flush_every``, ``flush_seconds`` and ``reopen`` (see
             :class:`~hetero_replay.storage.disk.DiskStorage`).
+        rate_limiter: a :class:`~hetero_replay.rate_limiter.RateLimiter` this buffer's front doors ask:
+            :meth:`sample` waits while the learner is ahead of its samples-per-insert ratio (or fewer
+            than ``min_size`` rows are in) and :meth:`add` while the writers are; either raises
+            :class:`~hetero_replay.rate_limiter.RateLimited` after the limiter's ``timeout``. Rows that
+            writer processes add (:meth:`writer`) are counted when this learner polls them (every call,
+            and while a sample waits); those writers are not held back. Its counters are part of
+            :meth:`state_dict`, :meth:`save` and durable points; :meth:`close` closes it (waiters wake).
+            In one thread that both adds and samples, a wait can only end in ``RateLimited``.
 
     Storages other processes write (``"shared"``, ``"disk"``): :meth:`writer`
     gives actor processes a handle to add rows concurrently with this learner;
@@ -115,8 +126,11 @@ class PrioritizedReplay:
         storage: str = DEFAULT_STORAGE,
         device: Any = None,
         storage_options: Mapping[str, Any] | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         capacity = check_int(capacity, "capacity", 1, MAX_CAPACITY)
+        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+            raise TypeError(f"rate_limiter must be a RateLimiter, got {type(rate_limiter).__name__}")
         self.options = PEROptions.of(
             options, alpha=alpha, beta=beta, eps=eps, tree=tree, fanout=fanout,
             priority_dtype=priority_dtype, stratified=stratified,
@@ -144,6 +158,8 @@ class PrioritizedReplay:
 
             self._batches = TorchBatches(self.storage, self.priorities.tree, device)
         self._lock = ForkSafeLock(INNER)
+        self._limiter = rate_limiter
+        self._admitted = threading.local()  # .side: the front door this thread's outer call was let through
         self._pos = 0
         self._size = 0
         self._closed = False
@@ -151,6 +167,8 @@ class PrioritizedReplay:
             header, leaves = self._durable.reopened_point  # the rows are the storage's
             self.priorities.load(leaves, header["max_priority"])
             self.rng.bit_generator.state = header["rng_state"]
+            if rate_limiter is not None and "rate_limiter" in header:
+                rate_limiter.load_state_dict(header["rate_limiter"])
             if self._ring is not None:
                 self._sync()
 
@@ -198,6 +216,36 @@ class PrioritizedReplay:
     def durable_rows(self) -> int:
         """Rows the last durable point on disk holds, what a crash now would keep (0 for storages without one)."""
         return 0 if self._durable is None else self._durable.durable_rows
+
+    @property
+    def rate_limiter(self) -> RateLimiter | None:
+        """The :class:`~hetero_replay.rate_limiter.RateLimiter` :meth:`add` and :meth:`sample` ask, or ``None``."""
+        return self._limiter
+
+    @contextlib.contextmanager
+    def rate_limited(self, side: str, n: int) -> Iterator[None]:
+        """Wait until the rate limiter lets an ``"insert"`` or ``"sample"`` of ``n`` go; count it if the body returns.
+
+        The front doors' gate (:meth:`add`, :meth:`sample`), for wrappers that must wait before taking
+        their own locks (:class:`~hetero_replay.RelaxedReplay`): a call of the same side inside the
+        body, on this thread, is let through without waiting or counting again. Nothing is counted
+        when the body raises. Without a limiter, or for ``n == 0``, it does nothing. Inserts into a
+        ring storage are counted by the poll that sees them committed, not here.
+
+        Raises:
+            RateLimited: not let through within the limiter's ``timeout``, or the limiter was closed.
+        """
+        limiter = self._limiter
+        if limiter is None or n == 0 or getattr(self._admitted, "side", None) == side:
+            yield
+            return
+        counted = side == "sample" or self._ring is None  # a ring's inserts: counted by the poll that sees them
+        with limiter.admitted(side, n, counted, None if self._ring is None else self._poll):
+            self._admitted.side = side
+            try:
+                yield
+            finally:
+                self._admitted.side = None
 
     @property
     def tree(self) -> SumTree:
@@ -265,10 +313,11 @@ class PrioritizedReplay:
         New transitions get the largest priority seen so far, so each is sampled
         at least once soon. Returns their indices. Nothing is written unless the
         whole batch is valid (fields, shapes, dtypes, values that survive the
-        cast, and a new priority the tree can hold).
+        cast, and a new priority the tree can hold). With a rate limiter, a
+        valid batch first waits for it (see :meth:`rate_limited`).
         """
-        with self._lock:
-            rows, arrays = self.storage.validate(batch)
+        rows, arrays = self.storage.validate(batch)
+        with self.rate_limited("insert", rows), self._lock:
             if self._ring is not None:
                 self.priorities.new_priority()  # refused before anything is written, as below
                 indices = self._ring.append(arrays) if rows else np.empty(0, np.int64)
@@ -294,10 +343,25 @@ class PrioritizedReplay:
         With a torch learner (:attr:`device` set), ``data`` and ``weights`` are
         tensors on :attr:`device` and ``indices`` stay where the tree is, which
         is where :meth:`update_priorities` wants them. A refused call (bad
-        arguments, empty buffer) leaves the random generator untouched.
+        arguments, empty buffer, the rate limiter's ``RateLimited``) leaves the
+        random generator untouched. With a rate limiter, the call first waits
+        for it (see :meth:`rate_limited`).
         """
         n = check_batch_size(batch_size)
         b = self.beta if beta is None else check_beta(beta)
+        with self.rate_limited("sample", n):
+            return self._draw(n, b)
+
+    def draw(self, batch_size: int, beta: float | None = None) -> Sample:
+        """:meth:`sample` without the rate limiter: for executors that draw batches ahead of the learner.
+
+        :class:`~hetero_replay.RelaxedReplay` asks the limiter when the learner takes a batch, not when
+        its worker draws one.
+        """
+        n = check_batch_size(batch_size)
+        return self._draw(n, self.beta if beta is None else check_beta(beta))
+
+    def _draw(self, n: int, b: float) -> Sample:
         with self._lock:
             if self._ring is not None:
                 self._sync()
@@ -354,10 +418,17 @@ class PrioritizedReplay:
             self.priorities.clear(gone)
         if new.size:
             self.priorities.assign_new(new)
+            if self._limiter is not None:
+                self._limiter.count(inserted=int(new.size))
         tickets = self._ring.tickets
         self._pos, self._size = tickets % self.capacity, min(tickets, self.capacity)
         if self._durable is not None and self._durable.flush_due():
             self._durable_point(wait=False)
+
+    def _poll(self) -> None:
+        """Take in the writers' rows (a ring storage): what a sample waiting for the rate limiter polls."""
+        with self._lock:
+            self._sync()
 
     def _durable_point(self, wait: bool) -> None:
         """Hand the durable storage what it does not hold itself: the header and every slot's priority."""
@@ -393,14 +464,21 @@ class PrioritizedReplay:
         return self._ring.writer()
 
     @classmethod
-    def reopen(cls, path: str | os.PathLike[str], tree: str = "auto", **storage_options: Any) -> PrioritizedReplay:
+    def reopen(
+        cls,
+        path: str | os.PathLike[str],
+        tree: str = "auto",
+        rate_limiter: RateLimiter | None = None,
+        **storage_options: Any,
+    ) -> PrioritizedReplay:
         """The durable buffer at ``path`` (e.g. ``storage="disk"``) as its last durable point left it.
 
         Continues a buffer after its process died, ``kill -9`` included.
         Capacity, schema and PER options come from the durable point;
         ``storage_options`` (for ``"disk"``: ``ram_bytes``, ``read_threads``,
         ``flush_every``, ``flush_seconds``) apply from now on. See
-        :mod:`hetero_replay.storage.durable`.
+        :mod:`hetero_replay.storage.durable`. ``rate_limiter``: as in the
+        constructor; it continues the durable point's counters.
 
         Raises:
             ValueError: ``path`` holds no buffer, or processes of the previous run still write to it.
@@ -415,6 +493,7 @@ class PrioritizedReplay:
             options=PEROptions.from_config(cfg, tree),
             storage=storage_name,
             storage_options={**storage_options, "path": os.fspath(path), "reopen": True},
+            rate_limiter=rate_limiter,
         )
 
     def update_priorities(self, indices: Any, td_errors: Any) -> None:
@@ -594,6 +673,8 @@ class PrioritizedReplay:
             "max_priority": self.max_priority,
             "rng_state": self.rng.bit_generator.state,
         }
+        if self._limiter is not None:
+            state["rate_limiter"] = self._limiter.state_dict()
         if rows:
             state["storage"] = self.storage.export_rows(self._size, copy=copy)
             state["priorities"] = self.priorities.leaves()[: self._size]
@@ -603,7 +684,8 @@ class PrioritizedReplay:
         """Restore a :meth:`state_dict` of a buffer with the same capacity and schema.
 
         Everything is checked before anything changes; on error this buffer is
-        left as it was.
+        left as it was. This buffer's rate limiter (if any) stays and continues
+        the state's counters (a state saved without one leaves them as they are).
         """
         cfg = state["config"]
         if int(cfg["capacity"]) != self.capacity or Schema.from_json(cfg["schema"]) != self.schema:
@@ -614,29 +696,34 @@ class PrioritizedReplay:
             )
         fresh = PrioritizedReplay.from_state_dict(state, tree=self.options.tree, **self._placement)
         with self._lock:
-            self._become(fresh)
+            if self._limiter is not None and "rate_limiter" in state:
+                self._limiter.load_state_dict(state["rate_limiter"])  # checked before it changes anything
+            self._become(fresh, keep=("_lock", "_limiter", "_admitted"))
 
-    def _become(self, fresh: PrioritizedReplay) -> None:
-        """Take over ``fresh``'s state, keeping this buffer's lock (other threads may wait on it)."""
-        state = dict(fresh.__dict__)
-        state.pop("_lock")
+    def _become(self, fresh: PrioritizedReplay, keep: tuple[str, ...] = ("_lock",)) -> None:
+        """Take over ``fresh``'s state, keeping this buffer's ``keep`` (its lock: other threads may wait on it)."""
+        state = {k: v for k, v in fresh.__dict__.items() if k not in keep}
         old = self.__dict__.get("storage")
         self.__dict__.update(state)
         if old is not None and old is not self.storage and isinstance(old, RingStorage):
             old.close()  # its writers are told the buffer is closed
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, Any], tree: str = "auto", **placement: Any) -> PrioritizedReplay:
+    def from_state_dict(
+        cls, state: Mapping[str, Any], tree: str = "auto", rate_limiter: RateLimiter | None = None, **placement: Any
+    ) -> PrioritizedReplay:
         """A new buffer restored from :meth:`state_dict` output.
 
         ``placement``: ``tree_device``, ``storage`` and ``device`` as in the
         constructor (the state itself holds no placement: it loads anywhere).
+        ``rate_limiter``: as in the constructor; it continues the state's counters.
         """
         cfg = state["config"]
         buf = cls(
             int(cfg["capacity"]),
             Schema.from_json(cfg["schema"]),
             options=PEROptions.from_config(cfg, tree),
+            rate_limiter=rate_limiter,
             **placement,
         )
         size, pos = int(state["size"]), int(state["position"])
@@ -661,6 +748,8 @@ class PrioritizedReplay:
             buf._ring.adopt(pos, size, rows)
         else:
             buf.storage.import_rows(rows)
+        if rate_limiter is not None and "rate_limiter" in state:
+            rate_limiter.load_state_dict(state["rate_limiter"])  # checked before it changes anything
         buf.rng.bit_generator.state = state["rng_state"]
         buf._pos, buf._size = pos, size
         return buf
@@ -678,17 +767,20 @@ class PrioritizedReplay:
             checkpoint.write(path, state, arrays)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], tree: str = "auto", **placement: Any) -> PrioritizedReplay:
+    def load(
+        cls, path: str | os.PathLike[str], tree: str = "auto", rate_limiter: RateLimiter | None = None, **placement: Any
+    ) -> PrioritizedReplay:
         """Read a buffer written by :meth:`save`; a corrupt file raises ``ReplayFileError``.
 
-        ``placement``: ``tree_device``, ``storage`` and ``device`` as in the constructor.
+        ``placement``: ``tree_device``, ``storage`` and ``device`` as in the constructor;
+        ``rate_limiter`` as in the constructor (it continues the file's counters).
         """
         header, arrays = checkpoint.read(path)
         try:
             state = dict(header)
             state["storage"] = {n[len("storage/") :]: a for n, a in arrays.items() if n.startswith("storage/")}
             state["priorities"] = arrays["priorities"]
-            return cls.from_state_dict(state, tree=tree, **placement)
+            return cls.from_state_dict(state, tree=tree, rate_limiter=rate_limiter, **placement)
         except (KeyError, TypeError, ValueError) as e:
             raise checkpoint.ReplayFileError(f"{path}: inconsistent replay file ({e})") from e
         except MemoryError as e:
@@ -706,7 +798,10 @@ class PrioritizedReplay:
 
         A durable buffer (``"disk"``) makes a last durable point first (its files stay);
         a ``"shared"`` one removes its segment, and its writers' next ``add`` raises.
+        The rate limiter is closed first: calls waiting for it raise ``RateLimited``.
         """
+        if self._limiter is not None:
+            self._limiter.close()  # before the lock: a waiting sample polls under it
         with self._lock:
             if self._closed:
                 return
@@ -725,10 +820,16 @@ class PrioritizedReplay:
         return self._closed
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"state": self.state_dict(), "tree": self.options.tree, "placement": self._placement}
+        # A copy gets a limiter of its own (RateLimiter pickles its settings, counters and timeout).
+        return {
+            "state": self.state_dict(), "tree": self.options.tree, "placement": self._placement,
+            "rate_limiter": self._limiter,
+        }  # fmt: skip
 
     def __setstate__(self, d: dict[str, Any]) -> None:
-        fresh = PrioritizedReplay.from_state_dict(d["state"], tree=d["tree"], **d.get("placement", {}))
+        fresh = PrioritizedReplay.from_state_dict(
+            d["state"], tree=d["tree"], rate_limiter=d.get("rate_limiter"), **d.get("placement", {})
+        )
         self._lock = ForkSafeLock(INNER)
         self._become(fresh)
 

@@ -96,7 +96,7 @@ from tianshou.data.batch import IndexType
 from tianshou.data.types import PrioBatchProtocol, RolloutBatchProtocol
 from tianshou.data.utils.converter import to_hdf5
 
-from hetero_replay import UNSET, PEROptions, Placement, Priorities, ReplayFileError, SumTree
+from hetero_replay import UNSET, PEROptions, Placement, Priorities, RateLimiter, ReplayFileError, SumTree
 from hetero_replay.adapters.tianshou import layout
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer, add_rows, storable
 from hetero_replay.adapters.tianshou.staging import Staged, commit, stage
@@ -162,6 +162,13 @@ def _check_arguments(
             "transition (Tianshou's PrioritizedReplayBuffer ignores it as well)"
         )
     return merged
+
+
+def _checked_limiter(rate_limiter: Any) -> RateLimiter | None:
+    """``rate_limiter=``: a :class:`~hetero_replay.RateLimiter` or ``None`` (``TypeError`` otherwise)."""
+    if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+        raise TypeError(f"rate_limiter must be a hetero_replay.RateLimiter, got {type(rate_limiter).__name__}")
+    return rate_limiter
 
 
 def _drawn_count(batch_size: Any) -> int:
@@ -270,6 +277,8 @@ class _TreePriorities:
     _lock: ForkSafeLock
     #: Where and when durable points are written; ``None``: never (also for pickled and deep copies).
     _durable: DurableFile | None = None
+    #: What ``add`` and ``sample`` ask first (``rate_limiter=``); ``None``: nothing.
+    _limiter: RateLimiter | None = None
     #: The kind of buffer a durable file records ("single" or "vector"), so each class reopens only its own.
     _DURABLE_KIND: str
 
@@ -280,8 +289,10 @@ class _TreePriorities:
         weight_norm: bool,
         random_seed: int | None,
         placement: Placement | None,
+        rate_limiter: RateLimiter | None,
     ) -> None:
         """Build the priorities from arguments :func:`_check_arguments` accepted, where ``placement`` puts the tree."""
+        self._limiter = rate_limiter
         tree_device = None
         if placement is not None:
             placement = _checked_placement(placement, options.tree)
@@ -442,7 +453,8 @@ class _TreePriorities:
             **overrides: ``backend`` or ``placement`` (where the tree lives now; a
                 placement is not recorded, so a buffer placed by one is reopened on
                 the default tree unless it is given again), ``flush_every``,
-                ``flush_seconds``: as in the constructor.
+                ``flush_seconds``, ``rate_limiter`` (it continues the file's
+                counters): as in the constructor.
 
         Raises:
             hetero_replay.ReplayFileError: ``path`` is damaged,
@@ -456,6 +468,7 @@ class _TreePriorities:
         unknown = sorted(set(overrides) - set(layout.OVERRIDES))
         if unknown:
             raise TypeError(f"reopen() takes the overrides {list(layout.OVERRIDES)}, got {unknown}")
+        limiter = _checked_limiter(overrides.get("rate_limiter"))
         path = check_path(path, "path")
         image = layout.decode(path, cls._DURABLE_KIND)
         schedule = FlushSchedule.reopened(image.header, overrides.get("flush_every"), overrides.get("flush_seconds"))
@@ -466,6 +479,7 @@ class _TreePriorities:
             options = options.replace(tree="auto")  # the placement chooses the backend
         try:
             buffer = cls._rebuild(image, options, overrides.get("placement"))
+            buffer._limiter = limiter  # restore continues the file's counters
         except MemoryError as e:
             raise ReplayFileError(f"{path}: a buffer of {image.maxsize} transitions does not fit here ({e})") from e
         try:
@@ -513,6 +527,15 @@ class _TreePriorities:
 
     # -- Tianshou's PrioritizedReplayBuffer interface ---------------------------------------
 
+    @property
+    def rate_limiter(self) -> RateLimiter | None:
+        """The :class:`hetero_replay.RateLimiter` that ``add`` and ``sample`` ask first, or ``None``."""
+        return self._limiter
+
+    def _rate_limited(self, side: str, n: int) -> contextlib.AbstractContextManager[None]:
+        """Wait for the rate limiter before taking the lock (:meth:`RateLimiter.admitted`); nothing without one."""
+        return contextlib.nullcontext() if self._limiter is None or n <= 0 else self._limiter.admitted(side, n)
+
     def init_weight(self, index: int | np.ndarray) -> None:
         """Give transitions at ``index`` the largest priority seen so far (one tree call for all)."""
         idx = np.atleast_1d(_as_indices(index))
@@ -532,7 +555,7 @@ class _TreePriorities:
             ValueError: a positive ``batch_size`` and an empty buffer.
         """
         n = _drawn_count(batch_size)
-        with self._lock:
+        with self._rate_limited("sample", n), self._lock:
             if n:
                 return self._draw(n)[0]
             return super().sample_indices(batch_size)  # type: ignore[misc]
@@ -543,7 +566,7 @@ class _TreePriorities:
         Other sizes as :meth:`sample_indices`; errors as there.
         """
         n = _drawn_count(batch_size)
-        with self._lock:
+        with self._rate_limited("sample", n), self._lock:
             if not n:
                 return super().sample(batch_size)  # type: ignore[misc]
             indices, weights = self._draw(n, self._normalise)
@@ -864,6 +887,14 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
             many transitions were added since the last one.
         flush_seconds: ... or, at the first ``add`` after this many seconds since
             the last one, whichever comes first.
+        rate_limiter: a :class:`hetero_replay.RateLimiter`: ``add`` (one
+            transition per environment) waits while the collectors are ahead of
+            its samples-per-insert ratio, ``sample`` / ``sample_indices`` of a
+            positive size while the learner is (or fewer than ``min_size`` were
+            added); either raises :class:`hetero_replay.RateLimited` after its
+            ``timeout``. For collectors and a learner in separate threads: in
+            one thread a wait can only end in ``RateLimited``. Its counters go
+            into durable points and copies (``reopen(rate_limiter=...)`` continues them).
         **kwargs: Tianshou storage options ``stack_num``, ``ignore_obs_next``,
             ``save_only_last_obs``.
 
@@ -940,16 +971,18 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
         durable_path: str | os.PathLike[str] | None = None,
         flush_every: int = 10_000,
         flush_seconds: float = 60.0,
+        rate_limiter: RateLimiter | None = None,
         **kwargs: Any,
     ) -> None:
         size = check_int(size, "size", low=1)
         per = dict(alpha=alpha, beta=beta, eps=eps, tree=backend, fanout=fanout, stratified=stratified)
         options = _check_arguments(options, per, weight_norm, random_seed, kwargs)
+        _checked_limiter(rate_limiter)
         durable = DurableFile.new(durable_path, flush_every, flush_seconds)
         # Not PrioritizedReplayBuffer.__init__: it builds (and JIT-compiles) a numba
         # SegmentTree that the priorities below replace.
         ReplayBuffer.__init__(self, size, random_seed=_legacy_seed(random_seed), **kwargs)
-        self._init_priorities(size, options, weight_norm, random_seed, placement)
+        self._init_priorities(size, options, weight_norm, random_seed, placement, rate_limiter)
         self._start_durable(durable)
 
     @classmethod
@@ -992,7 +1025,7 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
         ):
             raise ValueError(f"a single buffer takes buffer_ids=[0] (or None), got {buffer_ids!r}")
         rows = storable(self, batch, stacked)
-        with self._lock:
+        with self._rate_limited("insert", 1), self._lock:
             staged = stage(self._meta, rows, 1, stacked)
             self._check_durable_rows(staged)
             priority = self.priorities.new_priority()  # checked before anything is written
@@ -1058,6 +1091,8 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
             durable point holds every sub-buffer's rows and insertion and
             episode state. ``flush_every`` counts transitions: a step of
             ``buffer_num`` environments adds ``buffer_num``.
+        rate_limiter: as in :class:`HeteroPrioritizedReplayBuffer` (a step of ``buffer_num``
+            environments inserts ``buffer_num``).
         **kwargs: Tianshou storage options, as in :class:`HeteroPrioritizedReplayBuffer`.
 
     Raises:
@@ -1093,6 +1128,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         durable_path: str | os.PathLike[str] | None = None,
         flush_every: int = 10_000,
         flush_seconds: float = 60.0,
+        rate_limiter: RateLimiter | None = None,
         **kwargs: Any,
     ) -> None:
         buffer_num = check_int(buffer_num, "buffer_num", low=1)
@@ -1100,6 +1136,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
             raise ValueError(f"total_size must be >= buffer_num={buffer_num}, got {total_size!r}")
         per = dict(alpha=alpha, beta=beta, eps=eps, tree=backend, fanout=fanout, stratified=stratified)
         options = _check_arguments(options, per, weight_norm, random_seed, kwargs)
+        _checked_limiter(rate_limiter)
         durable = DurableFile.new(durable_path, flush_every, flush_seconds)
         size = math.ceil(total_size / buffer_num)
         # Non-prioritized children: the manager keeps one tree for all of them, so
@@ -1112,7 +1149,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         ReplayBufferManager.__init__(self, children)  # type: ignore[arg-type]
         self._book = book
         self._random_state = np.random.RandomState(_legacy_seed(random_seed))
-        self._init_priorities(self.maxsize, options, weight_norm, random_seed, placement)
+        self._init_priorities(self.maxsize, options, weight_norm, random_seed, placement, rate_limiter)
         self._start_durable(durable)
 
     @classmethod
@@ -1167,7 +1204,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
         listed = ids.tolist()  # a few environments: Python's min/max/set beat NumPy's call overhead
         if listed and (min(listed) < 0 or max(listed) >= self.buffer_num):
             raise IndexError(f"buffer ids must lie in [0, {self.buffer_num}), got {listed}")
-        with self._lock:
+        with self._rate_limited("insert", len(ids)), self._lock:
             staged = stage(self._meta, rows, len(ids))
             self._check_durable_rows(staged)
             if len(set(listed)) != len(listed):  # one env twice in a step: Tianshou's sequential add,

@@ -43,8 +43,8 @@ SECTION = "tianshou"
 #: The array field holding each written row's global slot (the other fields' rows are in this order).
 SLOT = "slot"
 
-#: Names ``reopen`` accepts as overrides: where the tree lives and when to write; the rest is the file's.
-OVERRIDES = ("backend", "placement", "flush_every", "flush_seconds")
+#: Names ``reopen`` accepts as overrides: where the tree lives, when to write, the rate limiter; the rest is the file's.
+OVERRIDES = ("backend", "placement", "flush_every", "flush_seconds", "rate_limiter")
 
 _COLUMNS = 5  # EpisodeBook's counters: insertion, stored, last, episode length, episode start
 _STORAGE_OPTIONS = ("stack_num", "ignore_obs_next", "save_only_last_obs")
@@ -137,6 +137,8 @@ def encode(buffer: Any, kind: str) -> tuple[dict[str, Any], dict[str, np.ndarray
             "legacy_rng": {**legacy, "state": {**legacy["state"], "key": legacy["state"]["key"].tolist()}},
         },
     }
+    if buffer.rate_limiter is not None:
+        header["rate_limiter"] = buffer.rate_limiter.state_dict()
     arrays = {f"storage/{name}": arr for name, arr in fields.items()}
     arrays["priorities"] = np.asarray(buffer.priorities.leaves())[slots]
     return header, arrays
@@ -342,6 +344,8 @@ def restore(buffer: Any, image: DurableImage) -> None:
     buffer.priorities.load(leaves, image.max_priority)
     buffer._rng.bit_generator.state = image.rng_state
     buffer._random_state.set_state(image.legacy_rng)
+    if buffer.rate_limiter is not None and "rate_limiter" in image.header:
+        buffer.rate_limiter.load_state_dict(image.header["rate_limiter"])  # a ValueError names what differs
 
 
 def _require(ok: bool, what: str) -> None:
