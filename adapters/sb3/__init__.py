@@ -15,6 +15,7 @@ Two ways in:
 ========================================  =======================================
 ``PrioritizedReplayBuffer``               drop-in ``replay_buffer_class``
 ``DictPrioritizedReplayBuffer``           the same for ``MultiInputPolicy``
+``PrioritizedHerReplayBuffer``            SB3's HER (goal relabelling) with PER
 ``PERDQN``, ``PERDDPG``, ``PERTD3``,      SB3's algorithms with PER in ``train()``
 ``PERSAC``
 ``PERQRDQN``, ``PERTQC``, ``PERCrossQ``   sb3-contrib's, the same way (the ``contrib``
@@ -39,6 +40,7 @@ from hetero_replay.adapters.sb3.buffers import (
 )
 from hetero_replay.adapters.sb3.common import PERMixin, has_priorities
 from hetero_replay.adapters.sb3.dqn import PERDQN
+from hetero_replay.adapters.sb3.her import PrioritizedHerReplayBuffer
 from hetero_replay.adapters.sb3.sac import PERSAC
 from hetero_replay.adapters.sb3.td3 import PERDDPG, PERTD3, PERTD3TrainMixin
 
@@ -67,6 +69,7 @@ __all__ = [
     "PERTD3",
     "PERTD3TrainMixin",
     "DictPrioritizedReplayBuffer",
+    "PrioritizedHerReplayBuffer",
     "PrioritizedReplayBuffer",
     "PrioritizedReplayBufferSamples",
     "has_priorities",
