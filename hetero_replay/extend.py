@@ -28,7 +28,16 @@ nothing of the core but :mod:`hetero_replay` and this module
 from hetero_replay.advisor import Advice, AutoPlacement, advise
 from hetero_replay.advisor.profile import HOST_REPETITION_S, Clock, Timer, Timing
 from hetero_replay.advisor.workload import ALGOS, Candidate, ReplayConfig, WorkloadSpec
-from hetero_replay.checks import MAX_BATCH, check_bool, check_int, check_seed, check_staleness, is_int, is_real
+from hetero_replay.checks import (
+    MAX_BATCH,
+    check_bool,
+    check_int,
+    check_real,
+    check_seed,
+    check_staleness,
+    is_int,
+    is_real,
+)
 from hetero_replay.forksafe import OUTER, ForkSafeLock, holding
 from hetero_replay.options import check_beta
 from hetero_replay.pipeline import AUTO_WINDOW
@@ -69,6 +78,7 @@ __all__ = [
     "check_beta",
     "check_bool",
     "check_int",
+    "check_real",
     "check_path",
     "check_seed",
     "check_staleness",

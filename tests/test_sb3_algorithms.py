@@ -277,7 +277,6 @@ def test_refuses_a_buffer_of_another_environment_and_keeps_its_own(tmp_path, env
         (dict(replay_buffer_kwargs=dict(tree="fpga-in-the-cloud")), ValueError, "unknown tree backend"),
         (dict(beta_schedule=1.5), ValueError, "beta_schedule"),
         (dict(beta_schedule="linear"), TypeError, "beta_schedule"),
-        (dict(n_steps=3), ValueError, "n-step"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(kwargs: dict, error: type, match: str) -> None:

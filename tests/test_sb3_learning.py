@@ -107,11 +107,12 @@ class EvaluateAndStop(BaseCallback):
 
 def train(
     seed: int, budget: int = BUDGET, stop_at: float | None = THRESHOLD, threads: int = 1, tree: str = "auto",
-    shards: int = 0,
+    shards: int = 0, n_steps: int = 1,
 ) -> Run:  # fmt: skip
     """Train PERDQN on CartPole-v1 (``threads`` torch threads, sum tree ``tree``; with ``shards``, a
-    ``ShardedReplay`` of that many shards on Ray) until an evaluation reaches ``stop_at`` or for
-    ``budget`` env steps. Also used by ``benchmarks/learning_pass_rates.py``."""
+    ``ShardedReplay`` of that many shards on Ray; ``n_steps``-step returns) until an evaluation reaches
+    ``stop_at`` or for ``budget`` env steps. Also used by ``benchmarks/learning_pass_rates.py``
+    and ``tests/test_sb3_nstep.py``."""
     before = th.get_num_threads()
     th.set_num_threads(threads)
     kwargs: dict = {} if tree == "auto" else dict(tree=tree)
@@ -119,7 +120,7 @@ def train(
         kwargs["distributed"] = dict(num_shards=shards)
     buffer = dict(replay_buffer_kwargs=kwargs) if kwargs else {}
     try:
-        model = PERDQN("MlpPolicy", "CartPole-v1", seed=seed, device="cpu", **HYPERPARAMS, **buffer)
+        model = PERDQN("MlpPolicy", "CartPole-v1", seed=seed, device="cpu", n_steps=n_steps, **HYPERPARAMS, **buffer)
         evaluation = EvaluateAndStop(seed, stop_at)
         model.learn(budget, callback=evaluation)
     finally:

@@ -16,6 +16,7 @@ Two ways in:
 ``PrioritizedReplayBuffer``               drop-in ``replay_buffer_class``
 ``DictPrioritizedReplayBuffer``           the same for ``MultiInputPolicy``
 ``PrioritizedHerReplayBuffer``            SB3's HER (goal relabelling) with PER
+``NStepPrioritizedReplayBuffer``          n-step returns (what ``n_steps > 1`` picks)
 ``PERDQN``, ``PERDDPG``, ``PERTD3``,      SB3's algorithms with PER in ``train()``
 ``PERSAC``
 ``PERQRDQN``, ``PERTQC``, ``PERCrossQ``   sb3-contrib's, the same way (the ``contrib``
@@ -41,6 +42,7 @@ from hetero_replay.adapters.sb3.buffers import (
 from hetero_replay.adapters.sb3.common import PERMixin, has_priorities
 from hetero_replay.adapters.sb3.dqn import PERDQN
 from hetero_replay.adapters.sb3.her import PrioritizedHerReplayBuffer
+from hetero_replay.adapters.sb3.nstep import NStepPrioritizedReplayBuffer
 from hetero_replay.adapters.sb3.sac import PERSAC
 from hetero_replay.adapters.sb3.td3 import PERDDPG, PERTD3, PERTD3TrainMixin
 
@@ -69,6 +71,7 @@ __all__ = [
     "PERTD3",
     "PERTD3TrainMixin",
     "DictPrioritizedReplayBuffer",
+    "NStepPrioritizedReplayBuffer",
     "PrioritizedHerReplayBuffer",
     "PrioritizedReplayBuffer",
     "PrioritizedReplayBufferSamples",
