@@ -142,6 +142,7 @@ def _compare_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated stalenesses of the relaxed pipeline (e.g. 0,1,2,4): the PER variant runs once per "
         "value; adds an interquartile-mean summary with bootstrap CIs and a return-vs-staleness plot (extra: study)",
     )
+    p.add_argument("--n-steps", type=int, default=1, help="n-step returns for every variant (sb3; default 1)")
     p.add_argument("--out", default=None, help="output folder (default: out/compare/<lib>-<algo>-<env>)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -158,6 +159,7 @@ def compare(args: argparse.Namespace) -> int:
             n_envs=args.n_envs, eval_every=args.eval_every, eval_episodes=args.eval_episodes,
             torch_threads=args.threads,
             staleness=None if args.staleness is None else _integers(args.staleness, "--staleness"),
+            n_steps=args.n_steps,
         )  # fmt: skip
         out = args.out or driver.default_out_dir(args.lib, args.algo, args.env)
         report.check_out_dir(out)  # refused now, not after the runs

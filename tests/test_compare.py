@@ -46,6 +46,8 @@ def test_build_specs_interleaves_variants_and_alternates_their_order() -> None:
         (dict(env_id="NoSuchEnv-v9"), "unknown environment"),
         (dict(steps=0), "steps"),
         (dict(seeds=[]), "seed"),
+        (dict(n_steps=0), "n_steps must be >= 1"),
+        (dict(lib="tianshou", n_steps=3), "the tianshou runner has no n-step returns"),
     ],
 )
 def test_build_specs_rejects_bad_requests(args: dict, match: str) -> None:
@@ -107,6 +109,19 @@ def test_sb3_runs_are_deterministic_given_the_seed() -> None:
     assert a.eval_steps == [0, 200, 400] and a.eval_returns == b.eval_returns
     assert sum(steps) == 400  # progress reported every env step exactly once
     assert 0.4 < a.extra["final_beta"] <= 1.0 and a.train_s > 0 and a.wall_s > a.train_s
+
+
+def test_n_steps_reach_both_variants_of_the_sb3_runner() -> None:
+    from stable_baselines3.common.buffers import NStepReplayBuffer
+
+    from hetero_replay.adapters.sb3 import NStepPrioritizedReplayBuffer
+    from hetero_replay.apps.compare.sb3_runs import _make_model
+
+    specs = driver.build_specs("sb3", "dqn", "CartPole-v1", 1000, seeds=[0], n_steps=3)
+    assert [s.n_steps for s in specs] == [3, 3]
+    buffers = {s.variant: _make_model(s).replay_buffer for s in specs}
+    assert type(buffers["uniform"]) is NStepReplayBuffer and type(buffers["per"]) is NStepPrioritizedReplayBuffer
+    assert buffers["uniform"].n_steps == buffers["per"].n_steps == 3
 
 
 def test_cli_compare_end_to_end(tmp_path, capsys) -> None:

@@ -29,6 +29,7 @@ class RunSpec:
     n_envs: int = 1
     torch_threads: int = 1
     staleness: int | None = None  # a relaxed-pipeline staleness (a sweep); None: the variant's default (exact PER)
+    n_steps: int = 1  # n-step returns, for every variant alike
 
     @property
     def label(self) -> str:
@@ -66,16 +67,23 @@ class LibraryRunner:
     algos: tuple[str, ...]
     run: Runner
     relaxable: tuple[str, ...] = ()  # the variants that take a staleness (their PER buffers)
+    n_step: bool = False  # whether its runs take n-step returns (RunSpec.n_steps > 1)
 
 
 _RUNNERS: dict[str, LibraryRunner] = {}
 
 
 def register_runner(
-    lib: str, variants: Sequence[str], algos: Sequence[str], run: Runner, relaxable: Sequence[str] = ()
+    lib: str,
+    variants: Sequence[str],
+    algos: Sequence[str],
+    run: Runner,
+    relaxable: Sequence[str] = (),
+    n_step: bool = False,
 ) -> None:
-    """Make ``lib`` available to ``hetero-replay compare --lib <lib>``; ``relaxable`` variants take ``--staleness``."""
-    _RUNNERS[lib] = LibraryRunner(lib, tuple(variants), tuple(algos), run, tuple(relaxable))
+    """Make ``lib`` available to ``hetero-replay compare --lib <lib>``; ``relaxable`` variants take ``--staleness``,
+    and with ``n_step`` every variant takes ``--n-steps``."""
+    _RUNNERS[lib] = LibraryRunner(lib, tuple(variants), tuple(algos), run, tuple(relaxable), n_step)
 
 
 def runner_for(lib: str) -> LibraryRunner:

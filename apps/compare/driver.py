@@ -28,6 +28,7 @@ def build_specs(
     eval_episodes: int = 5,
     torch_threads: int = 1,
     staleness: Sequence[int] | None = None,
+    n_steps: int = 1,
 ) -> list[RunSpec]:
     """The runs of a comparison, in the order they should run.
 
@@ -48,11 +49,12 @@ def build_specs(
         torch_threads: torch (and replay) threads per run.
         staleness: sweep the relaxed pipeline's staleness: each variant that
             takes one (``runner.relaxable``) runs once per value; the others once.
+        n_steps: every variant trains on ``n_steps``-step returns (runners with ``n_step`` only).
 
     Raises:
         ValueError: an unknown library, algorithm or variant, a non-positive
-            count, a negative seed, a staleness out of range, or a sweep with no
-            variant that takes it.
+            count, a negative seed, a staleness out of range, a sweep with no
+            variant that takes it, or ``n_steps > 1`` for a runner without n-step returns.
     """
     runner = runner_for(lib)
     if algo not in runner.algos:
@@ -64,9 +66,12 @@ def build_specs(
     chosen = tuple(v for v in runner.variants if v in chosen)  # baseline first, no repeats
     eval_every = max(steps // 10, 1) if eval_every is None else eval_every
     for name, value in [("steps", steps), ("n_envs", n_envs), ("eval_every", eval_every),
-                        ("eval_episodes", eval_episodes), ("torch_threads", torch_threads)]:  # fmt: skip
+                        ("eval_episodes", eval_episodes), ("torch_threads", torch_threads),
+                        ("n_steps", n_steps)]:  # fmt: skip
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+    if n_steps > 1 and not runner.n_step:
+        raise ValueError(f"--n-steps: the {lib} runner has no n-step returns; use --n-steps 1")
     if not seeds:
         raise ValueError("at least one seed is needed")
     if min(seeds) < 0:  # refused here, not by the environment once the first run started
@@ -83,11 +88,10 @@ def build_specs(
     specs = []
     for i, seed in enumerate(seeds):
         for variant, k in arms if i % 2 == 0 else arms[::-1]:
-            specs.append(
-                RunSpec(
-                    lib, algo, env_id, variant, int(seed), steps, eval_every, eval_episodes, n_envs, torch_threads, k
-                )
+            run = RunSpec(
+                lib, algo, env_id, variant, int(seed), steps, eval_every, eval_episodes, n_envs, torch_threads
             )
+            specs.append(replace(run, staleness=k, n_steps=n_steps))
     return specs
 
 

@@ -108,7 +108,8 @@ def format_table(results: Sequence[RunResult], summary: Sequence[VariantSummary]
     spec = results[0].spec
     title = (
         f"{spec.lib} {spec.algo} on {spec.env_id}: {spec.steps:,} env steps x {len(summary[0].seeds)} seeds, "
-        f"n_envs={spec.n_envs}, {spec.torch_threads} torch thread(s); baseline = {summary[0].variant}"
+        f"n_envs={spec.n_envs}, n_steps={spec.n_steps}, {spec.torch_threads} torch thread(s); "
+        f"baseline = {summary[0].variant}"
     )
     header = [
         "variant",

@@ -7,6 +7,9 @@ Variants:
   with the default :class:`~hetero_replay.adapters.sb3.PrioritizedReplayBuffer`
   (alpha 0.6, beta annealed from 0.4 to 1); with ``--staleness`` once per staleness.
 
+With ``--n-steps k`` both train on k-step returns: SB3's ``NStepReplayBuffer``
+and :class:`~hetero_replay.adapters.sb3.NStepPrioritizedReplayBuffer`.
+
 Both get the same hyperparameters: the rl-zoo settings for the pairs in
 :data:`HYPERPARAMS`, SB3's defaults otherwise. Evaluations run the greedy
 policy on a separate environment reseeded identically each time, so every
@@ -83,6 +86,8 @@ def _make_model(spec: RunSpec) -> Any:
     policy = "MultiInputPolicy" if hasattr(env.observation_space, "spaces") else "MlpPolicy"
     if spec.staleness is not None:
         params["staleness"] = spec.staleness  # only "per" is relaxable
+    if spec.n_steps > 1:  # SB3's NStepReplayBuffer for "uniform", NStepPrioritizedReplayBuffer for "per"
+        params["n_steps"] = spec.n_steps
     return algorithm_class(spec.algo, spec.variant)(policy, env, seed=spec.seed, **params)
 
 
@@ -168,4 +173,4 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
     )
 
 
-register_runner("sb3", VARIANTS, ALGOS, run, relaxable=("per",))
+register_runner("sb3", VARIANTS, ALGOS, run, relaxable=("per",), n_step=True)
