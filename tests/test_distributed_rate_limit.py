@@ -98,3 +98,36 @@ def test_a_bad_rate_limiter_is_refused_before_ray_starts_a_shard() -> None:
     with pytest.raises(TypeError, match="rate_limiter"):
         ShardedReplay(2, 8, SCHEMA, rate_limiter={"samples_per_insert": 1.0}, name="refused-limiter")  # type: ignore[arg-type]
     assert all("refused-limiter" not in str(a) for a in ray.util.list_named_actors())
+
+
+def sharded_state(replay: ShardedReplay) -> tuple:
+    """What a refused call must leave as it was: the learner's generator, every shard's leaves, position, size."""
+    leaves = ray.get([h.__ray_call__.remote(lambda shard: shard.replay.leaves()) for h in replay._shards])
+    return str(replay.rng.bit_generator.state), [a.tobytes() for a in leaves], replay.position, replay.filled
+
+
+def test_the_limiters_refusals_leave_the_replay_as_it_was() -> None:
+    limiter = RateLimiter(1.0, error=BATCH, min_size=CHUNK, timeout=0)
+    replay = ShardedReplay(2, 1024, SCHEMA, seed=0, rate_limiter=limiter)
+    try:
+        before = sharded_state(replay)
+        with pytest.raises(RateLimited, match="inserted 0"):
+            replay.sample(BATCH)  # fewer than min_size rows in
+        assert sharded_state(replay) == before
+        replay.add(rows(np.arange(CHUNK)))
+        batch = replay.sample(BATCH)
+        replay.update_priorities(batch.indices, np.linspace(0.5, 3, BATCH))
+        replay.flush()
+        before = sharded_state(replay)
+        with pytest.raises(RateLimited, match="sample of 64"):
+            replay.sample(BATCH)  # the learner is ahead
+        assert sharded_state(replay) == before
+        replay.add(rows(np.arange(4 * CHUNK)))
+        before = sharded_state(replay)
+        with pytest.raises(RateLimited, match="insert of 32"):
+            replay.add(rows(np.arange(CHUNK)))  # the writers are ahead: no shard gets the rows
+        assert sharded_state(replay) == before
+        assert replay.rate_limiter is not None
+        assert (replay.rate_limiter["inserted"], replay.rate_limiter["sampled"]) == (5 * CHUNK, BATCH)
+    finally:
+        replay.close()
