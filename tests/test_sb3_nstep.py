@@ -19,8 +19,10 @@ pytest.importorskip("stable_baselines3")
 from gymnasium import spaces  # noqa: E402
 from stable_baselines3.common.buffers import NStepReplayBuffer  # noqa: E402
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
+from stable_baselines3.common.vec_env import VecNormalize  # noqa: E402
 
 import hetero_replay.adapters.sb3 as sb3_adapter  # noqa: E402
+from hetero_replay import Placement  # noqa: E402
 from hetero_replay.adapters.sb3 import PERDQN, NStepPrioritizedReplayBuffer  # noqa: E402
 
 OBS = spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -42,14 +44,19 @@ def fill(buffers: list, rows: int, n_envs: int, seed: int) -> None:
             buffer.add(obs, next_obs, action, reward, done, infos)
 
 
-def assert_same_as_sb3(ours: NStepPrioritizedReplayBuffer, theirs: NStepReplayBuffer, batch_size: int = 512) -> None:
-    """A batch of ours equals SB3's batch of the same start rows and envs."""
-    batch = ours.sample(batch_size)
+def assert_same_as_sb3(
+    ours: NStepPrioritizedReplayBuffer,
+    theirs: NStepReplayBuffer,
+    batch_size: int = 512,
+    env: VecNormalize | None = None,
+) -> None:
+    """A batch of ours equals SB3's batch of the same start rows and envs (normalised by ``env`` if given)."""
+    batch = ours.sample(batch_size, env)
     rows, envs = np.divmod(np.asarray(batch.indices), ours.n_envs)
     randint = np.random.randint
     np.random.randint = lambda *args, **kwargs: envs  # SB3 draws the env of each sample here
     try:
-        expected = theirs._get_samples(rows)
+        expected = theirs._get_samples(rows, env)
     finally:
         np.random.randint = randint
     for name in ("observations", "actions", "next_observations", "dones", "rewards", "discounts"):
@@ -71,6 +78,23 @@ def test_uniform_batches_equal_sb3_nstep_replay_buffer(n_steps: int, n_envs: int
     theirs = NStepReplayBuffer(100 * n_envs, OBS, ACT, **kwargs)
     fill([ours, theirs], rows, n_envs, seed=n_steps * 10 + n_envs)
     assert (ours.pos, ours.full) == (theirs.pos, theirs.full)
+    assert_same_as_sb3(ours, theirs)
+    ours.close()
+
+
+def test_device_batches_and_vecnormalize_give_the_same_batches() -> None:
+    """Batches handed out as tensors where the storage is (a torch storage and tree, here on the CPU), normalised
+    by a VecNormalize whose reward clipping bites: each step's reward is normalised before it is discounted."""
+    kwargs = dict(n_envs=2, n_steps=4, gamma=GAMMA)
+    ours = NStepPrioritizedReplayBuffer(
+        200, OBS, ACT, seed=2, placement=Placement(storage="cpu", tree="torch"), **kwargs
+    )
+    theirs = NStepReplayBuffer(200, OBS, ACT, device="cpu", **kwargs)
+    fill([ours, theirs], 150, 2, seed=8)
+    normalize = VecNormalize(make_vec_env("Pendulum-v1"), clip_obs=1.5, clip_reward=0.8)  # observations of shape (3,)
+    normalize.obs_rms.mean, normalize.obs_rms.var = np.array([0.1, -0.2, 0.3]), np.array([0.5, 2.0, 1.0])
+    normalize.ret_rms.var = np.array(0.7)
+    assert_same_as_sb3(ours, theirs, env=normalize)
     assert_same_as_sb3(ours, theirs)
     ours.close()
 
