@@ -76,7 +76,7 @@ class PyExecutor {
   // updates: [(indices int64, td float64, epoch, undo_indices int64 or None, undo_leaves or None)].
   // outputs: [indices int64, weights float32, field 0, field 1, ...] for len(uniforms) rows, or None.
   void submit(const py::list& updates, py::object uniforms, py::object outputs, bool stratified, double alpha,
-              double eps, int64_t limit) {
+              double eps, int64_t limit, bool wake) {
     Submitted s{std::make_unique<Job>(), {}};
     Job& job = *s.job;
     job.alpha = alpha;
@@ -127,10 +127,11 @@ class PyExecutor {
     }
     Job* raw = s.job.get();
     submitted_.push_back(std::move(s));
-    executor_->submit(raw);
+    executor_->submit(raw, wake);
   }
 
-  // Waits (without the GIL) for the oldest job; returns ([(dropped, kept, max_raw, error)], draw error).
+  // Waits (without the GIL) for the oldest job, running it here if no thread has started it;
+  // returns ([(dropped, kept, max_raw, error)], draw error, nanoseconds the job ran).
   // An error is None or (kind, message): kind 1 ValueError, 2 IndexError, 3 other.
   py::tuple collect() {
     if (submitted_.empty()) throw std::runtime_error("Executor.collect: no job was submitted");
@@ -143,8 +144,9 @@ class PyExecutor {
     for (const UpdateTask& u : job->updates)
       updates.append(py::make_tuple(u.dropped, u.kept, u.max_raw, error_of(u.error, u.message)));
     py::object draw = error_of(job->draw.error, job->draw.message);
+    const int64_t run_ns = job->run_ns;
     submitted_.pop_front();
-    return py::make_tuple(updates, draw);
+    return py::make_tuple(updates, draw, run_ns);
   }
 
   void stop() {
@@ -186,8 +188,8 @@ submission order on its own thread, with no Python and no GIL.
       .def(py::init<py::object, py::list, py::object>(), py::arg("tree"), py::arg("fields"),
            py::arg("written_at"))
       .def("submit", &PyExecutor::submit, py::arg("updates"), py::arg("uniforms"), py::arg("outputs"),
-           py::arg("stratified"), py::arg("alpha"), py::arg("eps"), py::arg("limit"),
-           "Queues one job; its arrays are kept until collect() returns it.")
+           py::arg("stratified"), py::arg("alpha"), py::arg("eps"), py::arg("limit"), py::arg("wake") = true,
+           "Queues one job (its arrays kept until collect() returns it); wake=False leaves it to collect().")
       .def("collect", &PyExecutor::collect, "Waits for the oldest job and returns its results.")
       .def("stop", &PyExecutor::stop, "Ends the thread after its running job; later jobs run in collect().")
       .def_property_readonly("pending", &PyExecutor::pending, "Jobs submitted and not collected yet.")

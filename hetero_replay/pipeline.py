@@ -55,9 +55,13 @@ raised by the learner's next call, once.
   disk storages check stamps and CRCs in Python, so they keep the Python
   executors.
 * ``"thread"``: a Python worker thread; ``"inline"``: the learner's thread.
-* ``"auto"`` (default): native where it applies; else inline until the replay
-  work is ``AUTO_WORKER_SHARE`` of the learner's step, then the Python thread
-  (there each GIL hand-over costs ~100 µs, which only a large share repays).
+* ``"auto"`` (default): native where it applies, its jobs run on its thread
+  once they take ``NATIVE_HANDOVER_US`` or more (median over ``AUTO_WINDOW``
+  jobs), else by the learner when it collects them (in C++, without the GIL):
+  waking a thread costs ~10 µs, more than a small batch's job (B = 64 rows of
+  CartPole: ~5 µs). Elsewhere inline until the replay work is
+  ``AUTO_WORKER_SHARE`` of the learner's step, then the Python thread (there
+  each GIL hand-over costs ~100 µs, which only a large share repays).
 
 One worker per buffer, started when first needed, stopped by
 :meth:`~RelaxedReplay.close`, by the context manager, when the buffer is
@@ -97,6 +101,10 @@ from hetero_replay.trees import SumTree
 AUTO_WORKER_SHARE = 0.25
 #: Learner steps over which ``worker="auto"`` measures (medians, so rollout gaps do not count).
 AUTO_WINDOW = 32
+#: ``worker="auto"`` with the native executor: jobs that take at least this long (µs, median) run on its
+#: thread; shorter ones on the learner's, where no thread is woken (a wake-up, with its futex and moved cache
+#: lines, costs the learner ~10 µs on a 2-vCPU VM: ``benchmarks/bench_pipeline.py --worker native``).
+NATIVE_HANDOVER_US = 25.0
 
 
 @dataclass
@@ -287,7 +295,7 @@ class RelaxedReplay:
     @property
     def on_worker_thread(self) -> bool:
         """Whether the work runs on the worker thread now (``worker="auto"`` decides within its first steps)."""
-        return self._core is not None and self._core.threaded
+        return self._core is not None and self._core.on_worker()
 
     @property
     def dropped_updates(self) -> int:
@@ -559,6 +567,10 @@ class _Pipeline:
 
     # -- the executor: where released work runs (the native executor overrides these) ---------------
 
+    def on_worker(self) -> bool:
+        """Whether released work runs on a worker thread now."""
+        return self.threaded
+
     def _next_ready(self) -> _Drawn | None:
         """The next batch drawn ahead, if any (left in ``ready``)."""
         return self.ready[0] if self.ready else None
@@ -745,6 +757,8 @@ class _NativePipeline(_Pipeline):
     def __init__(self, replay: PrioritizedReplay, options: StalenessOptions) -> None:
         super().__init__(replay, options)
         self.threaded = True
+        self.wake = self.mode == "native"  # "auto" measures its jobs first (on the learner's thread)
+        self.run_ns: list[int] = []
         self.slots: list[list[np.ndarray] | None] = [None] * (2 * self.depth + 1)
         self.next_slot = 0
         self._rebuilt()
@@ -764,6 +778,9 @@ class _NativePipeline(_Pipeline):
         idx, td = _host_update(indices, td_errors)
         with self.lock:
             self.schedule.record(idx, td)
+
+    def on_worker(self) -> bool:
+        return self.wake
 
     def _next_ready(self) -> _Drawn | None:
         while self.ready and self.ready[0].job is not None and not self.ready[0].job.done:
@@ -811,6 +828,7 @@ class _NativePipeline(_Pipeline):
             self.replay.alpha,
             self.replay.eps,
             limit,
+            self.wake,
         )
         self.ready.append(_Drawn(step, None, n, state, self.replay.write_epoch, job=job))  # type: ignore[arg-type]
 
@@ -830,8 +848,10 @@ class _NativePipeline(_Pipeline):
         drawn = self.ready[i]
         job = drawn.job
         assert job is not None
-        results, draw_error = self.executor.collect()
+        results, draw_error, run_ns = self.executor.collect()
         job.done = True
+        if self.mode == "auto":
+            self._measure_job(run_ns)
         priorities = self.replay.priorities
         for (update, undo_idx, undo_leaves), (dropped, kept, max_raw, error) in zip(job.updates, results):
             if error is not None:
@@ -850,6 +870,13 @@ class _NativePipeline(_Pipeline):
         idx, weights, *fields = job.outputs
         drawn.batch = Sample(dict(zip(job.names, fields)), idx, weights)
         drawn.weights, drawn.beta = weights, 1.0
+
+    def _measure_job(self, run_ns: int) -> None:
+        """``worker="auto"``: wake the executor's thread for the next jobs only if they are worth a hand-over."""
+        self.run_ns.append(run_ns)
+        if len(self.run_ns) == AUTO_WINDOW:
+            self.wake = float(np.median(self.run_ns)) >= NATIVE_HANDOVER_US * 1e3
+            self.run_ns.clear()
 
     def _abandon_after(self, i: int) -> None:
         """``ready[i]``'s draw failed: drop it, and undo the jobs after it as if they had never run.
@@ -1005,4 +1032,4 @@ class _Streams:
         return drawn.batch
 
 
-__all__ = ["AUTO_WINDOW", "AUTO_WORKER_SHARE", "RelaxedReplay"]
+__all__ = ["AUTO_WINDOW", "AUTO_WORKER_SHARE", "NATIVE_HANDOVER_US", "RelaxedReplay"]

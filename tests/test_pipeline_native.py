@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from hetero_replay import PrioritizedReplay
-from hetero_replay.pipeline import RelaxedReplay, _NativePipeline
+from hetero_replay.pipeline import AUTO_WINDOW, RelaxedReplay, _NativePipeline
 from tests.test_engine_concurrency import _wait_or_kill
 from tests.test_pipeline import (
     BETAS,
@@ -95,13 +95,13 @@ def assert_same_seen(got: list, want: list) -> None:
 
 @pytest.mark.parametrize("k, prefetch", [(1, 1), (2, 2), (4, 3)])
 def test_native_and_python_executors_serve_the_same_batches_bit_for_bit(k, prefetch):
-    runs = {worker: scripted_run(worker, k, prefetch) for worker in EXECUTORS}
-    assert runs["native"]["native"] and not runs["thread"]["native"]
+    runs = {worker: scripted_run(worker, k, prefetch) for worker in (*EXECUTORS, "auto")}
+    assert runs["native"]["native"] and runs["auto"]["native"] and not runs["thread"]["native"]
     want = runs["inline"]
     raised = [e for e in want["seen"] if isinstance(e[0], str) and e[0] == "raised"]
     assert any("learner step 9" in e[2] and "nan" in e[2] for e in raised)
     assert want["dropped"] > 0
-    for worker in ("native", "thread"):
+    for worker in ("native", "auto", "thread"):  # auto: small jobs, run by the learner in C++
         got = runs[worker]
         assert_same_seen(got["seen"], want["seen"])
         assert np.array_equal(got["leaves"], want["leaves"])
@@ -112,11 +112,28 @@ def test_auto_picks_the_native_executor_where_it_applies():
     native = RelaxedReplay(make(64, "native"), staleness=1)
     python = RelaxedReplay(make(64, "numpy"), staleness=1)
     try:
-        assert isinstance(native._core, _NativePipeline) and native.on_worker_thread
+        assert isinstance(native._core, _NativePipeline)
+        assert not native.on_worker_thread  # until its jobs are measured worth a hand-over
         assert not isinstance(python._core, _NativePipeline)
     finally:
         native.close()
         python.close()
+
+
+@pytest.mark.parametrize("batch, woken", [(4, False), (16_384, True)])
+def test_auto_wakes_the_native_thread_only_for_jobs_worth_a_handover(batch, woken):
+    """Jobs of a few rows run on the learner (no thread started); jobs of 16k wide rows on the executor's thread."""
+    replay = PrioritizedReplay(32_768, {"obs": ((64,), "float32")}, tree="native", seed=0)
+    replay.add({"obs": np.zeros((32_768, 64), np.float32)})
+    buf = RelaxedReplay(replay, staleness=1)  # worker="auto"
+    try:
+        for _ in range(2 * AUTO_WINDOW + 2):
+            b = buf.sample(batch)
+            buf.update_priorities(b.indices, np.ones(batch))
+        assert buf._core.wake is woken
+        assert buf._core.executor.thread_alive is woken
+    finally:
+        buf.close()
 
 
 def test_the_native_thread_runs_while_the_learner_holds_the_gil():

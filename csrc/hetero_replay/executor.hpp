@@ -79,6 +79,7 @@ struct Job {
   double alpha = 1.0, eps = 0.0;
   int64_t limit = 0;  // updates' indices must lie in [0, limit)
   bool done = false;  // guarded by the executor's mutex
+  int64_t run_ns = 0;  // how long the job ran (set when done), whichever thread ran it
 };
 
 // What every job of one buffer reads and writes.
@@ -183,10 +184,13 @@ class Executor {
     Registry::remove(this);
   }
 
-  // Queues `job` (kept alive by the caller until wait(job) returns) and wakes the thread.
-  void submit(Job* job) {
+  // Queues `job` (kept alive by the caller until wait(job) returns) and, with `wake`, wakes
+  // the thread. Without it the job runs in wait() on the caller's thread (unless the thread,
+  // busy with an earlier job, reaches it first): small jobs skip the hand-over's cost.
+  void submit(Job* job, bool wake = true) {
     std::unique_lock<std::mutex> lock(mutex_);
     queue_.push_back(job);
+    if (!wake) return;
     if (!stopped_ && !thread_alive_) {
       thread_ = std::thread([this] { loop(); });
       thread_alive_ = true;
@@ -253,7 +257,11 @@ class Executor {
     Job* job = queue_.front();
     running_ = true;
     lock.unlock();
+    const auto start = std::chrono::steady_clock::now();
     run_job(context_, *job);
+    job->run_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+            .count();
     lock.lock();
     queue_.pop_front();
     job->done = true;
