@@ -192,8 +192,7 @@ class PrioritizedHerReplayBuffer(DictPrioritizedReplayBuffer):
     def _drop_overwritten(self, row: int) -> None:
         """Take the rest of each episode that ``row`` starts to overwrite out of sampling, as SB3 does.
 
-        From ``row`` to that episode's end, walking the ring (SB3 takes ``row .. start + length`` without
-        the ring, which drops every episode of the env when an episode wrapped past the end).
+        From ``row`` to that episode's end, along the ring.
         """
         for env_idx in range(self.n_envs):
             length = self.ep_length[row, env_idx]
@@ -324,8 +323,10 @@ class PrioritizedHerReplayBuffer(DictPrioritizedReplayBuffer):
             steps = self._goal_rng.integers((rows - start) % self.buffer_size, length)
         else:  # EPISODE
             steps = self._goal_rng.integers(0, length)
-        goal_rows = (start + steps) % self.buffer_size
-        return self._replay.read_rows("next_obs/achieved_goal", goal_rows * self.n_envs + envs)
+        goal_slots = (start + steps) % self.buffer_size * self.n_envs + envs
+        # The host storage's live view, indexed (a copy of these rows; read_rows' take() copies a
+        # strided field whole first).
+        return self._replay.view("next_obs/achieved_goal")[goal_slots]
 
     def update_priorities(self, indices: np.ndarray | th.Tensor, td_errors: th.Tensor | np.ndarray) -> None:
         """As :meth:`PrioritizedReplayBuffer.update_priorities`; a transition whose episode was overwritten since
