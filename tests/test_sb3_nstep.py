@@ -205,6 +205,14 @@ def test_a_saved_n_step_model_loads_with_its_n_step_buffer(tmp_path) -> None:
         warnings.simplefilter("error")
         loaded = PERDQN.load(tmp_path / "model", env=make_vec_env("CartPole-v1"), device="cpu")
     assert type(loaded.replay_buffer) is NStepPrioritizedReplayBuffer and loaded.replay_buffer.n_steps == 4
+    model.save_replay_buffer(tmp_path / "buffer")
+    loaded.load_replay_buffer(tmp_path / "buffer")
+    saved, restored = model.replay_buffer, loaded.replay_buffer
+    assert (restored.n_steps, restored.gamma, restored.pos) == (4, model.gamma, saved.pos)
+    a, b = saved.sample(32), restored.sample(32)  # the generator's state travels with the buffer
+    assert (
+        np.array_equal(a.indices, b.indices) and th.equal(a.rewards, b.rewards) and th.equal(a.discounts, b.discounts)
+    )
 
 
 @pytest.mark.learning
