@@ -10,6 +10,12 @@ Variants:
 With ``--n-steps k`` both train on k-step returns: SB3's ``NStepReplayBuffer``
 and :class:`~hetero_replay.adapters.sb3.NStepPrioritizedReplayBuffer`.
 
+On a goal-conditioned env (``Dict`` observations with ``achieved_goal`` and
+``desired_goal``) both use hindsight experience replay with SB3's settings
+(``n_sampled_goal=4``, ``"future"``): SB3's ``HerReplayBuffer`` and
+:class:`~hetero_replay.adapters.sb3.PrioritizedHerReplayBuffer`. ``BitFlipping-v0``
+(registered here) is SB3's ``BitFlippingEnv`` with 10 bits.
+
 Both get the same hyperparameters: the rl-zoo settings for the pairs in
 :data:`HYPERPARAMS`, SB3's defaults otherwise. Evaluations run the greedy
 policy on a separate environment reseeded identically each time, so every
@@ -43,7 +49,16 @@ HYPERPARAMS: dict[tuple[str, str], dict[str, Any]] = {
         learning_rate=1e-3, action_noise_std=0.1, policy_kwargs=dict(net_arch=[400, 300]),
     ),
     ("sac", "Pendulum-v1"): dict(learning_rate=1e-3),
+    # tests/test_sb3_her.py's settings (SB3's test of HER on this env uses DQN's defaults, which learn slower).
+    ("dqn", "BitFlipping-v0"): dict(
+        learning_starts=200, buffer_size=100_000, learning_rate=1e-3, batch_size=64, train_freq=1,
+        gradient_steps=1, exploration_fraction=0.2, exploration_final_eps=0.05, target_update_interval=250,
+        gamma=0.95, policy_kwargs=dict(net_arch=[64, 64]),
+    ),
 }  # fmt: skip
+
+#: Hindsight experience replay's settings on goal-conditioned envs (SB3's defaults), for both variants.
+HER_KWARGS = dict(n_sampled_goal=4, goal_selection_strategy="future")
 
 ALGOS = ("dqn", "ddpg", "td3", "sac")
 VARIANTS = ("uniform", "per")
@@ -84,11 +99,31 @@ def _make_model(spec: RunSpec) -> Any:
         dim = int(np.prod(env.action_space.shape or ()))
         params["action_noise"] = NormalActionNoise(np.zeros(dim), noise_std * np.ones(dim))
     policy = "MultiInputPolicy" if hasattr(env.observation_space, "spaces") else "MlpPolicy"
+    if {"achieved_goal", "desired_goal"} <= set(getattr(env.observation_space, "spaces", ())):
+        params["replay_buffer_class"] = _her_buffer(spec.variant)
+        params["replay_buffer_kwargs"] = dict(HER_KWARGS)
     if spec.staleness is not None:
         params["staleness"] = spec.staleness  # only "per" is relaxable
     if spec.n_steps > 1:  # SB3's NStepReplayBuffer for "uniform", NStepPrioritizedReplayBuffer for "per"
         params["n_steps"] = spec.n_steps
     return algorithm_class(spec.algo, spec.variant)(policy, env, seed=spec.seed, **params)
+
+
+def _her_buffer(variant: str) -> type:
+    """SB3's ``HerReplayBuffer`` (``uniform``) or ours with priorities (``per``)."""
+    from stable_baselines3 import HerReplayBuffer
+
+    from hetero_replay.adapters.sb3 import PrioritizedHerReplayBuffer
+
+    return PrioritizedHerReplayBuffer if variant == "per" else HerReplayBuffer
+
+
+def _register_goal_envs() -> None:
+    """Give SB3's ``BitFlippingEnv`` (10 bits) a gymnasium id, so ``--env BitFlipping-v0`` names it."""
+    import gymnasium
+
+    if "BitFlipping-v0" not in gymnasium.registry:
+        gymnasium.register("BitFlipping-v0", "stable_baselines3.common.envs:BitFlippingEnv", kwargs=dict(n_bits=10))
 
 
 def _evaluator(spec: RunSpec, model: Any) -> Callable[[], float]:
@@ -173,4 +208,5 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
     )
 
 
+_register_goal_envs()
 register_runner("sb3", VARIANTS, ALGOS, run, relaxable=("per",), n_step=True)
