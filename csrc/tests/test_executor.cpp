@@ -165,6 +165,27 @@ TEST_CASE(executor, after_stop_wait_runs_the_queued_jobs) {
   check_same(serial, stopped);
 }
 
+TEST_CASE(executor, unwoken_jobs_run_on_the_waiter_and_mix_with_woken_ones) {
+  Run serial, mixed;
+  const JobContext sc = serial.context();
+  for (int j = 0; j < kJobs; ++j) hetero_replay::run_job(sc, *serial.make_job(j, batch(j)));
+  Executor ex(mixed.context());
+  std::vector<Job*> jobs;
+  for (int j = 0; j < kJobs / 2; ++j) {
+    jobs.push_back(mixed.make_job(j, batch(j)));
+    ex.submit(jobs.back(), /*wake=*/false);
+  }
+  CHECK(!ex.thread_alive());  // no thread was started for them
+  ex.wait(jobs[1]);  // runs jobs 0 and 1 here
+  CHECK(ex.done(jobs[0]) && ex.done(jobs[1]) && !ex.done(jobs[2]));
+  for (int j = kJobs / 2; j < kJobs; ++j) {
+    jobs.push_back(mixed.make_job(j, batch(j)));
+    ex.submit(jobs.back(), /*wake=*/j % 2 == 0);  // the woken thread takes the queue in order
+  }
+  for (Job* job : jobs) ex.wait(job);
+  check_same(serial, mixed);
+}
+
 TEST_CASE(executor, a_draw_from_an_empty_tree_fails_and_writes_nothing) {
   Run run;
   std::vector<int64_t> all(kCapacity);
