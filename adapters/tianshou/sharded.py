@@ -26,10 +26,24 @@ Why a batch of its own rather than the local ring: the algorithm's target
 computation reads the buffer by index (``buffer[indices].obs_next``,
 ``buffer.terminated[indices]``), and the sampled rows are not in the local
 ring. Each sampled row is a finished one-step transition, so a one-step target
-reads everything it needs from that row. An n-step return
-(``n_step_return_horizon > 1``) would also read the episode's next ``n - 1``
-rows, which live on other shards or may be gone: it is refused
-(:func:`check_sharded_training`).
+reads everything it needs from that row.
+
+**n-step returns** (``n_step_return_horizon = n > 1``) also read the episode's
+next ``n - 1`` rows, which live on other shards (an add's rows are split over
+them) or were overwritten. They are stored at write time: with
+``ShardedVectorReplayBuffer(..., n_step=n)`` each replay row is a transition
+with the *window* of its next ``n`` steps, ``rew``, ``terminated`` and
+``truncated`` of shape ``(n,)`` (zeros after an episode's end) and the
+``obs_next`` of the window's last step, sent once the window is complete (``n - 1``
+steps later, or at the episode's end). A sampled batch lays each transition's
+window out as ``n`` consecutive rows of its own, so Tianshou's own n-step
+code (``compute_nstep_return``: ``buffer.next``, the rewards, done flags and
+the last step's ``obs_next``) computes exactly the return it would on a local
+buffer, with the algorithm's ``gamma``. Why not gather the next rows from their
+shards at sample time: that is a second round of calls per batch to every
+shard holding a successor (the learner's cost is Ray's per-call CPU), and
+the successors may be overwritten or lost with a shard; a window costs
+``2 (n - 1)`` numbers per row and one step of delay per step of ``n``.
 
 Example:
     >>> buf = ShardedVectorReplayBuffer(4, num_shards=2, capacity_per_shard=50_000,
@@ -44,6 +58,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -69,46 +84,70 @@ _KINDS = {"b": "bool", "i": "integer", "u": "integer", "f": "float", "c": "compl
 #: The algorithm attributes that hold the n-step horizon (DQN family; DDPG, TD3, SAC).
 _HORIZON_ATTRIBUTES = ("n_step", "n_step_return_horizon")
 
+#: The fields a replay row holds for each step of its n-step window (the rest: its first step's, or last step's ``obs_next``).
+_WINDOW_FIELDS = ("rew", "terminated", "truncated")
 
-def transition_schema(observation_space: Any, action_space: Any) -> Schema:
+
+def transition_schema(observation_space: Any, action_space: Any, n_step: int = 1) -> Schema:
     """The schema of a Tianshou transition of an env with these gymnasium spaces.
 
     ``obs`` and ``obs_next`` take the observation space's shape and dtype,
     ``act`` the action space's (``Discrete``: a scalar ``int64``), ``rew`` is
     ``float64`` and ``terminated``/``truncated`` are ``bool``, as the Collector
-    stores them.
+    stores them. With ``n_step > 1`` the last three hold a window of ``n_step``
+    steps (shape ``(n_step,)``; see the module docstring).
 
     Raises:
         TypeError: a space without a fixed shape and dtype (``Dict``, ``Tuple``,
             ``Text``); flatten it first (``gymnasium.wrappers.FlattenObservation``).
     """
+    check_int(n_step, "n_step", low=1)
     obs = _space_field(observation_space, "observation_space")
     act = _space_field(action_space, "action_space")
     fixed = {name: Field((), dtype) for name, dtype in _FIXED_DTYPES.items()}
-    return Schema({"obs": obs, "act": act, **fixed, "obs_next": obs})
+    return _windowed(Schema({"obs": obs, "act": act, **fixed, "obs_next": obs}), n_step)
 
 
-def check_sharded_training(algorithm: OffPolicyAlgorithm, staleness: int) -> None:
+def _windowed(schema: Schema, n_step: int) -> Schema:
+    """A one-step transition schema with ``rew``, ``terminated`` and ``truncated`` widened to windows of ``n_step``."""
+    if n_step == 1:
+        return schema
+    return Schema({
+        name: Field(((n_step, *f.shape) if name in _WINDOW_FIELDS else f.shape), f.dtype) for name, f in schema.items()
+    })  # fmt: skip
+
+
+def _one_step(schema: Schema, n_step: int) -> Schema:
+    """The one-step schema a windowed ``schema`` (of :func:`_windowed`) was widened from."""
+    if n_step == 1:
+        return schema
+    return Schema(
+        {name: Field((f.shape[1:] if name in _WINDOW_FIELDS else f.shape), f.dtype) for name, f in schema.items()}
+    )
+
+
+def check_sharded_training(algorithm: OffPolicyAlgorithm, staleness: int, n_step: int = 1) -> None:
     """Refuse what training from a sharded replay cannot do; called before anything is sampled.
 
     Raises:
-        ValueError: ``algorithm`` computes n-step returns (horizon > 1): they read
-            the episode's next rows by buffer index, and those rows live on other
-            shards (or were overwritten), so each sampled row can only give a
-            one-step target.
+        ValueError: ``algorithm``'s n-step horizon is not the buffer's ``n_step``: a
+            return reads the episode's next rows, and a sampled row holds the window
+            of ``n_step`` steps stored with it, no more (the rows themselves live on
+            other shards, or were overwritten).
         TypeError: ``staleness >= 1``: it defers priority updates with the write
             tracking of the local buffers; a sharded replay's updates are sent
             without waiting anyway, and its shards drop those whose slot was
             rewritten since the draw.
     """
-    for attribute in _HORIZON_ATTRIBUTES:
-        horizon = getattr(algorithm, attribute, 1)
-        if horizon != 1:
+    # The attributes the algorithm has (none: one-step targets).
+    horizons = [(a, getattr(algorithm, a)) for a in _HORIZON_ATTRIBUTES if hasattr(algorithm, a)]
+    for attribute, horizon in horizons or [("n_step_return_horizon", 1)]:
+        if horizon != n_step:
             raise ValueError(
-                f"{type(algorithm).__name__}.{attribute} = {horizon}: a ShardedVectorReplayBuffer trains on one-step "
-                f"transitions only. An n-step return reads the episode's next {horizon - 1} rows by buffer index, "
-                "and those rows live on other shards (or were overwritten), not in the sampled batch; "
-                "build the algorithm with n_step_return_horizon=1"
+                f"{type(algorithm).__name__}.{attribute} = {horizon}, but this ShardedVectorReplayBuffer stores "
+                f"windows of n_step={n_step}. An n-step return reads the episode's next {horizon - 1} rows, which "
+                "live on other shards (or were overwritten): each row carries its window from the write. Build the "
+                f"buffer with n_step={horizon} (or the algorithm with n_step_return_horizon={n_step})"
             )
     if staleness:
         raise TypeError(
@@ -143,6 +182,10 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
             the schema is known now (:func:`transition_schema`): the replay is
             built (or a given one checked) here. Without them, at the first add,
             from that batch's shapes and dtypes.
+        n_step: the n-step horizon of the algorithm trained from it (its
+            ``n_step_return_horizon``): each row goes to the replay with the window
+            of its next ``n_step`` steps, once that window is complete (see the
+            module docstring); ``1``: one-step transitions, sent as added.
         replay_options: :class:`ShardedReplay`'s keyword arguments (``num_shards``
             and ``capacity_per_shard`` required; ``alpha``, ``beta``, ``seed``,
             ``address``, ``durable_dir``, ...), when ``replay`` is ``None``.
@@ -156,7 +199,10 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
             match the spaces.
 
     Limits: observations and actions must be arrays (no ``Dict`` spaces), no
-    frame stacking, one-step returns only (see :func:`check_sharded_training`);
+    frame stacking, the algorithm's n-step horizon must be ``n_step`` (see
+    :func:`check_sharded_training`); the transitions of an episode still running
+    when the buffer is reset or closed are sent with the window they have (their
+    return bootstraps from the last step collected, as at a time limit);
     ``reset`` empties the local rings but cannot empty the replay, which other
     writers may share; fields an episode hook adds are refused.
     """
@@ -170,14 +216,16 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
         send_every: int = 256,
         observation_space: Any = None,
         action_space: Any = None,
+        n_step: int = 1,
         **replay_options: Any,
     ) -> None:
         check_int(buffer_num, "buffer_num", low=1)
         check_int(episode_capacity, "episode_capacity", low=1)
         check_int(send_every, "send_every", low=1)
+        check_int(n_step, "n_step", low=1, high=episode_capacity)
         if (observation_space is None) != (action_space is None):
             raise TypeError("give both observation_space and action_space (or neither: the first add decides)")
-        expected = None if observation_space is None else transition_schema(observation_space, action_space)
+        expected = None if observation_space is None else transition_schema(observation_space, action_space, n_step)
         if replay is not None:
             if not isinstance(replay, ShardedReplay):
                 raise TypeError(f"replay must be a ShardedReplay (or None), got {type(replay).__name__}")
@@ -198,6 +246,10 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
         self._replay_options = dict(replay_options)
         self._owns_replay = replay is None
         self._schema_checked = expected is not None  # against the spaces; otherwise at the first add
+        #: The n-step horizon each row's window covers (1: one-step transitions).
+        self.n_step = int(n_step)
+        # Per env, its transitions whose n-step window is not complete yet (one-step rows: {field: row}).
+        self._open_windows: list[deque[dict[str, np.ndarray]]] = [deque() for _ in range(buffer_num)]
         self._staged: list[dict[str, np.ndarray]] = []
         self._staged_rows = 0
         #: Transitions sent to the replay so far.
@@ -215,19 +267,20 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
         """Add one row per env of ``buffer_ids`` to the local rings and stage it for the replay.
 
         Returns Tianshou's ``(insertion index, episode return, episode length,
-        episode start index)`` of the local rings. Everything is checked first
+        episode start index)`` of the local rings. With ``n_step > 1`` a row is
+        staged once its window is complete. Everything is checked first
         (the fields, their shapes and dtypes against the replay's schema, the
         episode lengths), so a refused batch changes neither the rings nor the replay.
         """
         ids = np.arange(self.buffer_num) if buffer_ids is None else np.asarray(buffer_ids)
         rows = _transition_rows(batch, len(ids))
         if self.replay is None or not self._schema_checked:
-            given = Schema({name: (arr.shape[1:], arr.dtype) for name, arr in rows.items()})
+            given = _windowed(Schema({name: (arr.shape[1:], arr.dtype) for name, arr in rows.items()}), self.n_step)
             if self.replay is None:
                 self.replay = self._build_replay(given)
             check_schema(self.replay.schema, given, "the collected data gives")
             self._schema_checked = True
-        rows = _fit(self.replay.schema, rows)
+        rows = _fit(_one_step(self.replay.schema, self.n_step), rows)
         for b in ids:
             ring = self.buffers[b]
             if ring._ep_len + 1 > self.episode_capacity:
@@ -237,14 +290,41 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
                     "ring; build the buffer with a larger episode_capacity"
                 )
         result = super().add(batch, buffer_ids)
-        self._staged.append(rows)
-        self._staged_rows += len(ids)
+        if self.n_step == 1:
+            self._stage(rows)
+        else:
+            for j, b in enumerate(ids.tolist()):
+                window = self._open_windows[b]
+                window.append({name: arr[j] for name, arr in rows.items()})
+                if rows["terminated"][j] or rows["truncated"][j]:
+                    self._close_windows(b)  # the episode ended: every open window is complete
+                elif len(window) == self.n_step:
+                    self._stage(_window_row(window, self.n_step))
+                    window.popleft()
         if self._staged_rows >= self.send_every:
             self.send()
         return result
 
+    def _stage(self, rows: dict[str, np.ndarray]) -> None:
+        self._staged.append(rows)
+        self._staged_rows += len(rows["obs"])
+
+    def _close_windows(self, env: int) -> None:
+        """Stage every open window of ``env`` with the steps it has (the episode ended, or collection stops)."""
+        window = self._open_windows[env]
+        while window:
+            self._stage(_window_row(window, self.n_step))
+            window.popleft()
+
+    @property
+    def open_windows(self) -> int:
+        """Transitions added whose n-step window is not complete yet (sent once it is; 0 with ``n_step=1``)."""
+        return sum(len(w) for w in self._open_windows)
+
     def reset(self, keep_statistics: bool = False) -> None:
-        """Send the staged transitions, then empty the local rings (the replay keeps what it holds)."""
+        """Send the staged transitions and open windows, then empty the local rings (the replay keeps what it holds)."""
+        for env in range(self.buffer_num):
+            self._close_windows(env)
         self.send()
         super().reset(keep_statistics=keep_statistics)
 
@@ -307,7 +387,7 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
             raise ValueError("cannot sample: nothing was collected into this ShardedVectorReplayBuffer yet")
         self.send()
         # ShardedReplay.sample, a public edge, checks batch_size (and beta): not checked twice per step.
-        return ShardedSampleBuffer(self.replay, self.replay.sample(batch_size, beta=beta))
+        return ShardedSampleBuffer(self.replay, self.replay.sample(batch_size, beta=beta), self.n_step)
 
     def _build_replay(self, schema: Schema) -> ShardedReplay:
         return ShardedReplay(schema=schema, **self._replay_options)
@@ -316,53 +396,63 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
         """Send the staged transitions; close the replay if this buffer built it (a given one stays open)."""
         if self.replay is None:
             return
+        for env in range(self.buffer_num):
+            self._close_windows(env)
         self.send()
         if self._owns_replay:
             self.replay.close()
 
 
 class ShardedSampleBuffer(ReplayBuffer):
-    """One batch drawn from a :class:`ShardedReplay`, as a Tianshou buffer: row ``i`` is sampled transition ``i``.
+    """One batch drawn from a :class:`ShardedReplay`, as a Tianshou buffer: transition ``i`` starts at row ``i * n_step``.
 
-    Tianshou's update step samples it (:meth:`sample` returns all its rows, in
+    Tianshou's update step samples it (:meth:`sample` returns the transitions, in
     order, with the IS weights in ``batch.weight``), reads it by index for
-    one-step targets, and hands the TD errors to :meth:`update_weight`, which
-    sends them to the shards as priorities.
+    its targets, and hands the TD errors to :meth:`update_weight`, which
+    sends them to the shards as priorities. With ``n_step > 1``, rows
+    ``i * n_step + j`` are step ``j`` of transition ``i``'s window (the module
+    docstring): ``buffer.next`` walks it, and its last step (done, or the
+    ``n_step``-th) holds the window's ``obs_next``, which is all an n-step return reads.
 
     Args:
         replay: the replay ``drawn`` came from.
         drawn: :meth:`ShardedReplay.sample`'s result (rows of :data:`FIELDS`).
+        n_step: the window each row holds (the replay's rows of ``rew`` have this many steps when > 1).
     """
 
-    def __init__(self, replay: ShardedReplay, drawn: Sample) -> None:
-        n = len(drawn.weights)
+    def __init__(self, replay: ShardedReplay, drawn: Sample, n_step: int = 1) -> None:
+        n = len(drawn.weights) * n_step
         super().__init__(n)
         #: The replay the batch came from, which :meth:`update_weight` updates.
         self.replay = replay
         #: The draw: its rows, replay indices and IS weights.
         self.drawn = drawn
+        self.n_step = n_step
         data = drawn.data
         rows = {name: data[name] for name in FIELDS}
-        self.set_batch(Batch(**rows, done=np.logical_or(data["terminated"], data["truncated"])))
+        if n_step > 1:  # each window's steps as consecutive rows; a step's obs/act/obs_next are the window's
+            rows = {name: (arr.reshape(n, *arr.shape[2:]) if name in _WINDOW_FIELDS else np.repeat(arr, n_step, axis=0))
+                    for name, arr in rows.items()}  # fmt: skip
+        self.set_batch(Batch(**rows, done=np.logical_or(rows["terminated"], rows["truncated"])))
         self._size = n
         self.last_index = np.array([n - 1])
 
     def sample(self, batch_size: int | None) -> tuple[RolloutBatchProtocol, np.ndarray]:
-        """All rows in order with their IS weights in ``batch.weight``; ``batch_size`` must be the drawn size."""
-        n = len(self)
+        """The drawn transitions in order, IS weights in ``batch.weight``; ``batch_size`` must be the drawn size."""
+        n = len(self.drawn.weights)
         if batch_size not in (None, 0, n):
             raise ValueError(f"this batch was drawn with {n} transitions; sample_size={batch_size!r} does not match")
-        indices = np.arange(n)
+        indices = np.arange(n) * self.n_step
         batch = self[indices]
         batch.weight = self.drawn.weights
         return batch, indices
 
     def update_weight(self, index: np.ndarray, new_weight: np.ndarray | torch.Tensor) -> None:
-        """Send ``|new_weight|`` (the TD errors) as the new priorities of rows ``index`` to the shards."""
+        """Send ``|new_weight|`` (the TD errors) as the new priorities of transitions at rows ``index`` to the shards."""
         if isinstance(new_weight, torch.Tensor):
             new_weight = new_weight.detach().cpu().numpy()
         td = np.abs(np.asarray(new_weight, np.float64)).reshape(-1)
-        self.replay.update_priorities(self.drawn.indices[np.asarray(index)], td)
+        self.replay.update_priorities(self.drawn.indices[np.asarray(index) // self.n_step], td)
 
 
 def check_schema(schema: Schema, expected: Schema, source: str) -> None:
@@ -406,6 +496,25 @@ def _transition_rows(batch: RolloutBatchProtocol, n: int) -> dict[str, np.ndarra
             raise ValueError(f"field {name!r} has shape {arr.shape}; expected one row per env added ({n})")
         rows[name] = arr
     return rows
+
+
+def _window_row(window: deque[dict[str, np.ndarray]], n_step: int) -> dict[str, np.ndarray]:
+    """The replay row of ``window[0]``: its obs and act, the window's steps of :data:`_WINDOW_FIELDS` (zeros after
+    the last), the last step's ``obs_next``; each a batch of one row.
+
+    A window cut short without the episode's end (collection stops: :meth:`ShardedVectorReplayBuffer.reset`,
+    ``close``) has its last step marked truncated, so the return bootstraps from that step's ``obs_next``.
+    """
+    first, last = window[0], window[-1]
+    row = {"obs": first["obs"][None], "act": first["act"][None], "obs_next": last["obs_next"][None]}
+    for name in _WINDOW_FIELDS:
+        steps = np.zeros((1, n_step, *first[name].shape), first[name].dtype)
+        for j, step in enumerate(window):
+            steps[0, j] = step[name]
+        row[name] = steps
+    if len(window) < n_step and not (last["terminated"] or last["truncated"]):
+        row["truncated"][0, len(window) - 1] = True
+    return row
 
 
 def _fit(schema: Schema, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

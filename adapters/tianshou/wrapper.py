@@ -244,11 +244,11 @@ class PEROffPolicyWrapper(OffPolicyWrapperAlgorithm[TPolicy]):
 
         Raises:
             TypeError: ``buffer`` is not a prioritized buffer.
-            ValueError: a sharded buffer with an n-step algorithm (see
+            ValueError: a sharded buffer whose ``n_step`` is not the algorithm's horizon (see
                 :func:`~hetero_replay.adapters.tianshou.sharded.check_sharded_training`).
         """
         if isinstance(buffer, ShardedVectorReplayBuffer):
-            check_sharded_training(self.wrapped_algorithm, self.staleness)
+            check_sharded_training(self.wrapped_algorithm, self.staleness, buffer.n_step)
             self._batch.beta = self.current_beta
             buffer = buffer.draw(sample_size, beta=self._batch.beta)
         elif not isinstance(buffer, PrioritizedReplayBuffer):
