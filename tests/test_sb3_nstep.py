@@ -174,7 +174,7 @@ def test_models_refuse_contradicting_n_step_arguments(env: str, kwargs: dict, ma
 
 @pytest.mark.parametrize(
     ("name", "env_id"),
-    [("PERDQN", "CartPole-v1"), ("PERSAC", "Pendulum-v1"), ("PERTD3", "Pendulum-v1"), ("PERDDPG", "Pendulum-v1"),
+    [("PERDQN", "CartPole-v1"), ("PERSAC", "Pendulum-v1"), ("PERTD3", "Pendulum-v1"),
      ("PERQRDQN", "CartPole-v1"), ("PERTQC", "Pendulum-v1"), ("PERCrossQ", "Pendulum-v1")],
 )  # fmt: skip
 def test_n_steps_gives_the_algorithms_an_n_step_buffer_and_trains(name: str, env_id: str) -> None:
@@ -229,3 +229,22 @@ def test_n_step_perdqn_learns_cartpole_on_most_seeds() -> None:
     assert len(learned) >= NEEDED, f"{len(learned)} of {len(SEEDS)} seeds reached {THRESHOLD:g}:\n{report}"
     for run in runs:  # PER was live: n-step TD errors fed back as priorities
         assert run.n_updates > 0 and run.max_priority > 1.0, report
+
+
+def test_n_step_perdqn_bootstraps_with_the_batch_discounts_and_feeds_the_n_step_td_error_back() -> None:
+    """The target is SB3's n-step one, ``r + (1 - done) * discount * max Q'``, and its TD error is the priority."""
+    import torch.nn.functional as F
+
+    from tests.test_sb3_algorithms import assert_priorities, filled, replay_of_next_train, small
+
+    model = filled(PERDQN("MlpPolicy", "CartPole-v1", n_steps=3, learning_starts=1000, batch_size=64, **small()))
+    b = replay_of_next_train(model, 64)
+    assert len(set(b.discounts.reshape(-1).tolist())) > 1  # full and cut windows: the check below means something
+    with th.no_grad():
+        next_q = model.q_net_target(b.next_observations).max(dim=1)[0].reshape(-1, 1)
+        target = b.rewards + (1 - b.dones) * b.discounts * next_q
+        q = th.gather(model.q_net(b.observations), 1, b.actions.long())
+        huber = F.smooth_l1_loss(q, target, reduction="none")
+    model.train(gradient_steps=1, batch_size=64)
+    assert model.logger.name_to_value["train/loss"] == pytest.approx((b.weights * huber).mean().item(), rel=1e-5)
+    assert_priorities(model, b.indices, q - target)
