@@ -137,6 +137,7 @@ def test_priorities_belong_to_the_start_row() -> None:
         (dict(gamma=1.5), ValueError, "gamma"),
         (dict(gamma="0.9"), TypeError, "gamma must be a real number"),
         (dict(observation_space=spaces.Dict({"a": OBS})), ValueError, "not supported for Dict observation spaces"),
+        (dict(distributed=dict(num_shards=2)), ValueError, "does not take distributed="),  # before any shard starts
     ],
 )
 def test_buffer_refuses_bad_arguments(kwargs: dict, error: type, match: str) -> None:

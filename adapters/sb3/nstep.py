@@ -53,11 +53,14 @@ class NStepPrioritizedReplayBuffer(PrioritizedReplayBuffer):
     Raises:
         TypeError: ``n_steps`` not an integer, ``gamma`` not a real number (and
             :class:`PrioritizedReplayBuffer`'s).
-        ValueError: ``n_steps < 1``, ``gamma`` outside ``[0, 1]``, or a ``Dict``
-            observation space (SB3 has no n-step returns for those either).
+        ValueError: ``n_steps < 1``, ``gamma`` outside ``[0, 1]``, a ``Dict``
+            observation space (SB3 has no n-step returns for those either), or
+            ``distributed`` (a ``ShardedReplay`` cannot read the rows of a window).
     """
 
-    def __init__(self, *args: Any, n_steps: int = 3, gamma: float = 0.99, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, n_steps: int = 3, gamma: float = 0.99, distributed: Any = None, **kwargs: Any
+    ) -> None:
         self.n_steps = check_int(n_steps, "n_steps", low=1)
         self.gamma = check_real(gamma, "gamma", low=0.0, high=1.0)
         space = args[1] if len(args) > 1 else kwargs.get("observation_space")
@@ -65,6 +68,11 @@ class NStepPrioritizedReplayBuffer(PrioritizedReplayBuffer):
             raise ValueError(
                 "NStepPrioritizedReplayBuffer: n-step returns are not supported for Dict observation spaces "
                 "(nor by SB3's NStepReplayBuffer); use n_steps=1 with DictPrioritizedReplayBuffer"
+            )
+        if distributed is not None:
+            raise ValueError(
+                "NStepPrioritizedReplayBuffer does not take distributed=: a window reads the rows after each "
+                "sampled one, and a ShardedReplay serves rows only through its samples"
             )
         super().__init__(*args, **kwargs)
 
