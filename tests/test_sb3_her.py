@@ -332,3 +332,13 @@ def test_perdqn_with_her_learns_bit_flipping():
         if sum(r is not None for r in reached.values()) == HER_NEEDED:
             break
     assert sum(r is not None for r in reached.values()) >= HER_NEEDED, reached
+
+
+def test_compare_runs_her_on_goal_envs():
+    from hetero_replay.apps.compare import sb3_runs
+    from hetero_replay.apps.compare.base import RunSpec
+
+    for variant, buffer_class in [("uniform", HerReplayBuffer), ("per", PrioritizedHerReplayBuffer)]:
+        model = sb3_runs._make_model(RunSpec("sb3", "dqn", "BitFlipping-v0", variant, 0, 1000, 500, 5, 1, 1))
+        assert type(model.replay_buffer) is buffer_class
+        assert model.replay_buffer.n_sampled_goal == 4
