@@ -127,7 +127,8 @@ py::list compress_rows(const RowArray& rows, const std::string& codec, int level
 }
 
 // records[indices[i]] decompressed into out[i]; returns the positions i whose record is damaged
-// (its CRC or its chunk does not check out). A record that is None is a row never written: zeros.
+// (its CRC or its chunk does not check out). A record that is None, or index -1, is a row never
+// written: zeros.
 py::list decompress_rows(const py::list& records, const py::array_t<int64_t, py::array::c_style>& indices,
                          py::array_t<uint8_t, py::array::c_style>& out) {
   const int64_t n = indices.size();
@@ -138,9 +139,9 @@ py::list decompress_rows(const py::list& records, const py::array_t<int64_t, py:
   const int64_t count = static_cast<int64_t>(records.size());
   std::vector<py::object> held(static_cast<size_t>(n));  // references kept while the GIL is released
   for (int64_t i = 0; i < n; ++i) {
-    if (idx[i] < 0 || idx[i] >= count)
+    if (idx[i] < -1 || idx[i] >= count)
       throw py::index_error("decompress_rows: index " + std::to_string(idx[i]) + " out of range");
-    py::object rec = records[static_cast<size_t>(idx[i])];
+    py::object rec = idx[i] == -1 ? py::none() : py::object(records[static_cast<size_t>(idx[i])]);
     if (!rec.is_none() && !PyBytes_Check(rec.ptr()))
       throw py::type_error("decompress_rows: records must be bytes");
     held[static_cast<size_t>(i)] = std::move(rec);
@@ -190,7 +191,8 @@ void register_codec(py::module_& m) {
         "a list of n records, each [crc32 of the chunk, 4 bytes LE][Blosc2 chunk]. Threads, GIL released.");
   m.def("decompress_rows", &decompress_rows, py::arg("records"), py::arg("indices"), py::arg("out"),
         "``records[indices[i]]`` decompressed into ``out[i]`` (a (n, row bytes) uint8 array) on the batch\n"
-        "threads with the GIL released; None records give zeros. Returns the positions i whose record is\n"
+        "threads with the GIL released; None records and index -1 give zeros. Returns the positions i whose "
+        "record is\n"
         "damaged (CRC, chunk structure or size wrong); their rows in ``out`` are undefined.");
   m.attr("BLOSC2_VERSION") = BLOSC2_VERSION_STRING;
 }

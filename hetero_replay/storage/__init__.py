@@ -48,9 +48,14 @@ def _torch_check() -> str | None:
 
 
 def _host(
-    capacity: int, schema: Schema | Mapping[str, Any], placement: Any, codec: Any = None, byte_budget: int | None = None
+    capacity: int,
+    schema: Schema | Mapping[str, Any],
+    placement: Any,
+    codec: Any = None,
+    byte_budget: int | None = None,
+    frames: Any = None,
 ) -> Storage:
-    return HostStorage(capacity, schema, codec=codec, byte_budget=byte_budget)
+    return HostStorage(capacity, schema, codec=codec, byte_budget=byte_budget, frames=frames)
 
 
 def _pinned(capacity: int, schema: Schema | Mapping[str, Any], placement: Any) -> Storage:

@@ -15,6 +15,9 @@ defaults: ``docs/compression.md``.
   field* (:func:`is_image_field`: uint8 with at least two dimensions per row);
 * a mapping ``{field: None | name | (name, level)}``: exactly those fields.
 
+With ``frames=``, the distinct frames of stacked image fields are stored once
+and shared by the rows that hold them (:mod:`.frames`).
+
 The byte budget bounds the records' bytes (all compressed fields together), as
 the capacity bounds the rows. It is a hard limit: a write whose records would
 take the storage over it is refused with :class:`ByteBudgetError` before
@@ -31,6 +34,7 @@ import numpy as np
 
 from hetero_replay._native import compress_rows, decompress_rows
 from hetero_replay.checks import is_int
+from hetero_replay.storage.frames import FramePlan, FramePool, pooled_fields
 from hetero_replay.storage.schema import Field
 
 #: The codecs a field may have (both from C-Blosc2).
@@ -100,32 +104,55 @@ def _pair(spec: Any, what: str) -> tuple[Any, Any]:
 
 
 class CompressedFields:
-    """The rows of some fields as compressed records (``bytes``), one per field and slot, within a byte budget."""
+    """The rows of some fields as compressed records (``bytes``), within a byte budget.
+
+    Each row of a field is one record, except in the fields named by ``frames``
+    (:func:`~hetero_replay.storage.frames.pooled_fields`), whose distinct frames
+    are records shared by the rows that hold them (a :class:`FramePool`).
+    """
 
     def __init__(
-        self, capacity: int, fields: Mapping[str, Field], codecs: Mapping[str, Codec], byte_budget: int | None
+        self,
+        capacity: int,
+        fields: Mapping[str, Field],
+        codecs: Mapping[str, Codec],
+        byte_budget: int | None,
+        frames: Any = None,
     ) -> None:
         if byte_budget is not None and (not is_int(byte_budget) or byte_budget < 1):
             raise ValueError(f"byte_budget must be a positive integer or None, got {byte_budget!r}")
+        pooled = pooled_fields(fields, frames, list(codecs))
+        if len({codecs[n] for n in pooled}) > 1:
+            raise ValueError(f"frames: the pooled fields share their frames, so one codec: got {codecs}")
         self.capacity = capacity
         self.codecs = dict(codecs)
         self.byte_budget = None if byte_budget is None else int(byte_budget)
         self._fields = {n: fields[n] for n in codecs}
-        self._records: dict[str, list[bytes | None]] = {n: [None] * capacity for n in codecs}
-        #: Bytes the records hold now (what the byte budget bounds).
+        self._records: dict[str, list[bytes | None]] = {n: [None] * capacity for n in codecs if n not in pooled}
+        pool_codec = self.codecs[pooled[0]] if pooled else None
+        #: The pooled fields' frames (None unless ``frames`` names some).
+        self.pool = (
+            FramePool(capacity, {n: fields[n] for n in pooled}, (pool_codec.name, pool_codec.level))
+            if pool_codec is not None
+            else None
+        )
+        #: Bytes the records hold now, the frame pool's included (what the byte budget bounds).
         self.bytes_used = 0
-        #: Bytes the rows would take raw (the same slots), for the compression ratio.
-        self.raw_bytes = 0
 
-    def encode(self, start: int, arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, list[bytes]], int]:
+    def encode(self, start: int, arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, Any], int]:
         """Records of the compressed fields among ``arrays`` for slots ``start, ...``, and the bytes they add.
 
         Changes nothing. Raises :class:`ByteBudgetError` if the storage would go over its budget.
         """
-        encoded: dict[str, list[bytes]] = {}
+        encoded: dict[str, Any] = {}
         added = 0
+        if self.pool is not None:
+            plan = self.pool.plan(start, arrays)
+            if plan.ids:
+                encoded[""] = plan
+                added += plan.added
         for name, codec in self.codecs.items():
-            if name not in arrays:
+            if name not in arrays or name not in self._records:
                 continue
             rows = np.ascontiguousarray(arrays[name]).reshape(len(arrays[name]), -1).view(np.uint8)
             records = compress_rows(rows, codec.name, codec.level)
@@ -133,7 +160,10 @@ class CompressedFields:
             added += sum(map(len, records)) - sum(len(old[s] or b"") for s in self._slots(start, len(records)))
             encoded[name] = records
         if self.byte_budget is not None and self.bytes_used + added > self.byte_budget:
-            largest = max((len(r) for rs in encoded.values() for r in rs), default=0)
+            largest = max(
+                (len(r) for rs in encoded.values() for r in (rs.new.values() if isinstance(rs, FramePlan) else rs)),
+                default=0,
+            )
             raise ByteBudgetError(
                 f"byte_budget: these rows' compressed records need {self.bytes_used + added} bytes in all "
                 f"(largest record {largest}, {self.bytes_used} held now), over the budget of {self.byte_budget} "
@@ -141,14 +171,15 @@ class CompressedFields:
             )
         return encoded, added
 
-    def commit(self, start: int, encoded: Mapping[str, list[bytes]], added: int) -> None:
+    def commit(self, start: int, encoded: Mapping[str, Any], added: int) -> None:
         """Store what :meth:`encode` returned (cannot fail)."""
         for name, records in encoded.items():
+            if isinstance(records, FramePlan):
+                self.pool.commit(records)  # type: ignore[union-attr]
+                continue
             held = self._records[name]
-            fresh = sum(held[s] is None for s in self._slots(start, len(records)))
             for slot, record in zip(self._slots(start, len(records)), records):
                 held[slot] = record
-            self.raw_bytes += fresh * self._fields[name].item_bytes
         self.bytes_used += added
 
     def gather(self, indices: np.ndarray, names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -159,13 +190,15 @@ class CompressedFields:
         """
         out = {}
         for name in names:
-            field = self._fields[name]
-            rows = np.empty((len(indices), *field.shape), field.dtype)
-            bad = decompress_rows(self._records[name], indices, rows.reshape(len(indices), -1).view(np.uint8))
-            if bad:
+            if name not in self._records:
+                out[name], slots = self.pool.gather(indices, name)  # type: ignore[union-attr]
+            else:
+                field = self._fields[name]
+                out[name] = np.empty((len(indices), *field.shape), field.dtype)
+                bad = decompress_rows(self._records[name], indices, out[name].reshape(len(indices), -1).view(np.uint8))
                 slots = sorted({int(indices[i]) for i in bad})
+            if slots:
                 raise DamagedRecordError(f"field {name!r}: the compressed records of slots {slots} are damaged")
-            out[name] = rows
         return out
 
     def _slots(self, start: int, rows: int) -> range | list[int]:

@@ -32,6 +32,9 @@ class HostStorage:
             ``"lz4"``/``"zstd"`` or ``(name, level)`` for the image fields, or ``{field: codec}``).
         byte_budget: the most bytes the compressed records may take (``None``: no bound); a write
             over it raises :class:`~hetero_replay.storage.codec.ByteBudgetError` and changes nothing.
+        frames: compressed fields whose distinct frames (last two dimensions) are stored once and
+            shared by rows (:mod:`~hetero_replay.storage.frames`): ``True`` for every compressed image
+            field, or their names; stacked ``obs`` and ``next_obs`` then cost about one frame a row.
     """
 
     def __init__(
@@ -41,18 +44,20 @@ class HostStorage:
         records: np.ndarray | None = None,
         codec: Any = None,
         byte_budget: int | None = None,
+        frames: Any = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
         self.schema = schema if isinstance(schema, Schema) else Schema(schema)
         codecs = field_codecs(self.schema, codec)
-        if byte_budget is not None and not codecs:
-            raise ValueError("byte_budget bounds compressed records: it needs a codec= that compresses some field")
+        if (byte_budget is not None or frames) and not codecs:
+            what = "byte_budget bounds" if byte_budget is not None else "frames= de-duplicates"
+            raise ValueError(f"{what} compressed records: it needs a codec= that compresses some field")
         if codecs and records is not None:
             raise ValueError("codec=: compressed fields live in this process's memory, not in given records")
         #: The compressed fields' records (None without a codec).
-        self.compressed = CompressedFields(self.capacity, self.schema, codecs, byte_budget) if codecs else None
+        self.compressed = CompressedFields(self.capacity, self.schema, codecs, byte_budget, frames) if codecs else None
         raw = {n: f for n, f in self.schema.items() if n not in codecs}
         offsets, record_bytes = record_layout(raw)
         # np.zeros maps untouched pages lazily: a large buffer costs RAM as it fills.

@@ -1,0 +1,172 @@
+"""Frame de-duplication: every distinct image plane of some fields stored once, compressed, shared by rows.
+
+A row of a stacked observation ``(4, 84, 84)`` shares three frames with the
+row before it, and its ``next_obs`` shares three with its ``obs`` and four with
+the next row's ``obs``: stored as they come, each frame is kept eight times.
+A :class:`FramePool` splits such fields into *frames* (the field's last two
+dimensions; the leading ones are flattened) and keeps each distinct frame once,
+as one compressed record, referenced by the rows that hold it. Frames are found
+by content (a 128-bit BLAKE2b digest), so nothing needs to know where episodes
+start or end, how many environments write interleaved, or how the ring wraps:
+a frame lives while a row references it and is freed when the last such row is
+overwritten. Rows are rebuilt on gather by decompressing their frames into the
+batch (native threads, no GIL), bit for bit as written.
+
+The digest stands for the frame's bytes, as in content-addressed stores: two
+different frames with the same 128-bit digest would be taken for one. The odds
+are about ``n**2 / 2**129`` for ``n`` distinct frames (1e-26 for a billion).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetero_replay._native import compress_rows, decompress_rows
+from hetero_replay.storage.schema import Field
+
+DIGEST_BYTES = 16
+
+
+@dataclass
+class FramePlan:
+    """What a write will change in a :class:`FramePool` (made by :meth:`FramePool.plan`, applied by ``commit``)."""
+
+    start: int
+    ids: dict[str, list[bytes]]  # field -> the digests of its frames, rows x frames, flat
+    new: dict[bytes, bytes] = field(default_factory=dict)  # digest -> compressed record of a frame not held yet
+    added: int = 0  # bytes the pool grows by (negative when freed frames outweigh new ones)
+
+
+class FramePool:
+    """Frames of some fields, each distinct frame stored once as a compressed record, counted by reference.
+
+    Args:
+        capacity: rows of the storage.
+        fields: the pooled fields (uint8, at least two dimensions).
+        codec: ``(name, level)`` every frame is compressed with.
+    """
+
+    def __init__(self, capacity: int, fields: Mapping[str, Field], codec: tuple[str, int]) -> None:
+        self.capacity = capacity
+        self.codec = codec
+        self._fields = dict(fields)
+        self._per_row = {n: int(np.prod(f.shape[:-2], dtype=np.int64)) for n, f in fields.items()}
+        self._plane = {n: int(f.shape[-2] * f.shape[-1]) for n, f in fields.items()}
+        if len(set(self._plane.values())) != 1:
+            raise ValueError(f"frames: the pooled fields' frames differ in size: {self._plane}")
+        self.frame_bytes = next(iter(self._plane.values()))
+        #: Frame slot of each row's frames (-1: never written), per field: (capacity, frames per row).
+        self._slot_of_row = {n: np.full((capacity, k), -1, np.int64) for n, k in self._per_row.items()}
+        self._records: list[bytes | None] = []  # frame slot -> record
+        self._digests: list[bytes] = []  # frame slot -> digest
+        self._refs: list[int] = []  # frame slot -> rows x frames referencing it
+        self._slot: dict[bytes, int] = {}  # digest -> frame slot
+        self._free: list[int] = []
+        #: Bytes the frames' records hold now.
+        self.bytes_used = 0
+
+    @property
+    def frames(self) -> int:
+        """Distinct frames held."""
+        return len(self._slot)
+
+    def plan(self, start: int, arrays: Mapping[str, np.ndarray]) -> FramePlan:
+        """The frames of the pooled fields among ``arrays`` (rows for slots ``start, ...``): digests, the
+        records of frames not held yet (compressed here), and the bytes the pool would grow by. Changes nothing.
+        """
+        plan = FramePlan(start, {})
+        fresh: dict[bytes, np.ndarray] = {}
+        for name in self._fields:
+            if name not in arrays:
+                continue
+            frames = np.ascontiguousarray(arrays[name]).reshape(-1, self.frame_bytes).view(np.uint8)
+            digests = [hashlib.blake2b(f, digest_size=DIGEST_BYTES).digest() for f in frames]
+            for d, f in zip(digests, frames):
+                if d not in self._slot and d not in fresh:
+                    fresh[d] = f
+            plan.ids[name] = digests
+        if fresh:
+            records = compress_rows(np.stack(list(fresh.values())), *self.codec)
+            plan.new = dict(zip(fresh, records))
+        plan.added = sum(map(len, plan.new.values())) - sum(len(self._records[s] or b"") for s in self._freed_by(plan))
+        return plan
+
+    def commit(self, plan: FramePlan) -> None:
+        """Apply a :meth:`plan` (cannot fail)."""
+        for digest, record in plan.new.items():
+            slot = self._free.pop() if self._free else len(self._records)
+            if slot == len(self._records):
+                self._records.append(None)
+                self._digests.append(b"")
+                self._refs.append(0)
+            self._records[slot], self._digests[slot], self._refs[slot] = record, digest, 0
+            self._slot[digest] = slot
+        for name, digests in plan.ids.items():
+            table = self._slot_of_row[name]
+            rows = _slots(plan.start, len(digests) // self._per_row[name], self.capacity)
+            new = np.array([self._slot[d] for d in digests], np.int64).reshape(len(rows), -1)
+            old = table[rows]
+            for s in new.ravel():
+                self._refs[s] += 1
+            for s in old.ravel():
+                if s >= 0:
+                    self._refs[s] -= 1
+                    if self._refs[s] == 0:
+                        self._release(int(s))
+            table[rows] = new
+        self.bytes_used += plan.added
+
+    def gather(self, indices: np.ndarray, name: str) -> tuple[np.ndarray, list[int]]:
+        """Rows at ``indices`` of field ``name`` rebuilt from their frames, and the rows whose frames are damaged."""
+        field = self._fields[name]
+        slots = self._slot_of_row[name][indices]
+        out = np.empty((len(indices), *field.shape), field.dtype)
+        bad = decompress_rows(self._records, slots.ravel(), out.reshape(slots.size, -1).view(np.uint8))
+        return out, sorted({int(indices[i // slots.shape[1]]) for i in bad})
+
+    def _freed_by(self, plan: FramePlan) -> list[int]:
+        """Frame slots a plan's overwrites would leave unreferenced."""
+        delta: dict[int, int] = {}
+        for name, digests in plan.ids.items():
+            rows = _slots(plan.start, len(digests) // self._per_row[name], self.capacity)
+            for s in self._slot_of_row[name][rows].ravel():
+                if s >= 0:
+                    delta[int(s)] = delta.get(int(s), 0) - 1
+            for d in digests:
+                s = self._slot.get(d)
+                if s is not None:
+                    delta[s] = delta.get(s, 0) + 1
+        return [s for s, change in delta.items() if change < 0 and self._refs[s] + change == 0]
+
+    def _release(self, slot: int) -> None:
+        del self._slot[self._digests[slot]]
+        self._records[slot] = None
+        self._free.append(slot)
+
+
+def _slots(start: int, rows: int, capacity: int) -> np.ndarray:
+    return (start + np.arange(rows, dtype=np.int64)) % capacity
+
+
+def pooled_fields(fields: Mapping[str, Field], frames: Any, compressed: Sequence[str]) -> list[str]:
+    """The fields ``frames`` names: ``None``/``False`` none, ``True`` every compressed image field, or a list.
+
+    Raises:
+        ValueError: a named field is not compressed (frames are compressed records) or has fewer than two dimensions.
+    """
+    if frames is None or frames is False:
+        return []
+    if frames is True:
+        return [n for n in compressed if len(fields[n].shape) >= 2]
+    names = [frames] if isinstance(frames, str) else list(frames)
+    for n in names:
+        if n not in compressed:
+            raise ValueError(f"frames: field {n!r} has no codec; frames are stored compressed (give it one in codec=)")
+        if len(fields[n].shape) < 2:
+            raise ValueError(f"frames: field {n!r} of shape {fields[n].shape} has no frames (needs >= 2 dimensions)")
+    return names
