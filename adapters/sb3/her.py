@@ -178,7 +178,7 @@ class PrioritizedHerReplayBuffer(DictPrioritizedReplayBuffer):
         """
         with self._lock:
             row = self.pos
-            super().add(obs, next_obs, action, reward, done, infos)  # checks everything first
+            super().add(obs, next_obs, action, reward, done, infos)  # type: ignore[arg-type]  # checks it all first
             self._drop_overwritten(row)
             self.ep_start[row] = self._current_ep_start
             self._touched.append(row * self.n_envs + np.arange(self.n_envs))
