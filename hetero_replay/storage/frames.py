@@ -85,7 +85,7 @@ class FramePool:
             if name not in arrays:
                 continue
             frames = np.ascontiguousarray(arrays[name]).reshape(-1, self.frame_bytes).view(np.uint8)
-            digests = [hashlib.blake2b(memoryview(f), digest_size=DIGEST_BYTES).digest() for f in frames]
+            digests = [hashlib.blake2b(f.data, digest_size=DIGEST_BYTES).digest() for f in frames]
             for d, f in zip(digests, frames):
                 if d not in self._slot and d not in fresh:
                     fresh[d] = f
