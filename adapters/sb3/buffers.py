@@ -181,6 +181,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             (see :class:`hetero_replay.PrioritizedReplay`): for writer processes adding to a
             ``"shared"`` or ``"disk"`` buffer at their own pace. With ``distributed=``, give it there
             (``distributed=dict(num_shards=2, rate_limiter=...)``).
+        compress: keep image observations (uint8, two dimensions or more) compressed, each distinct
+            frame once: ``"zstd"`` or ``"lz4"``, or ``(name, level)``; ``storage="host"`` only.
+            Shorthand for ``storage_options=dict(codec=compress, frames=True)`` (docs/compression.md).
 
     With device batches (storage on a device, or a learner off the CPU), the
     sampled tensors come from the core engine untouched, the ``indices`` are a
@@ -231,6 +234,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         storage_options: dict[str, Any] | None = None,
         distributed: Any = None,
         rate_limiter: RateLimiter | None = None,
+        compress: Any = None,
     ) -> None:
         # The PER options are checked by PEROptions; these arguments are the
         # adapter's own (or would reach NumPy unnamed).
@@ -275,6 +279,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.placement = placement
         if placement is not None:
             self._config.update(placement.replay_kwargs())
+        if compress is not None:
+            storage_options = _compressed_options(compress, storage, storage_options)
         if storage_options is not None:
             self._config["storage_options"] = storage_options
         if rate_limiter is not None:
@@ -1017,6 +1023,15 @@ def _close_unclosed(buffer_class: type[PrioritizedReplayBuffer], state: dict[str
     buffer = buffer_class.__new__(buffer_class)
     buffer.__dict__ = state  # the same attributes, so close() sees and updates the buffer's own state
     buffer.close()
+
+
+def _compressed_options(compress: Any, storage: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` with the image fields compressed by ``compress`` and their frames stored once."""
+    if storage != "host":
+        raise ValueError(f"compress= keeps rows compressed in host memory: it needs storage='host', got {storage!r}")
+    if storage_options and ("codec" in storage_options or "frames" in storage_options):
+        raise ValueError("compress= and storage_options' codec/frames both choose the codec; give one of them")
+    return {**(storage_options or {}), "codec": compress, "frames": True}
 
 
 def _check_distributed(

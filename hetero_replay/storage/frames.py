@@ -56,10 +56,7 @@ class FramePool:
         self.codec = codec
         self._fields = dict(fields)
         self._per_row = {n: int(np.prod(f.shape[:-2], dtype=np.int64)) for n, f in fields.items()}
-        self._plane = {n: int(f.shape[-2] * f.shape[-1]) for n, f in fields.items()}
-        if len(set(self._plane.values())) != 1:
-            raise ValueError(f"frames: the pooled fields' frames differ in size: {self._plane}")
-        self.frame_bytes = next(iter(self._plane.values()))
+        self._plane = {n: int(f.shape[-2] * f.shape[-1]) for n, f in fields.items()}  # bytes of one frame
         #: Frame slot of each row's frames (-1: never written), per field: (capacity, frames per row).
         self._slot_of_row = {n: np.full((capacity, k), -1, np.int64) for n, k in self._per_row.items()}
         self._records: list[bytes | None] = []  # frame slot -> record
@@ -80,19 +77,18 @@ class FramePool:
         records of frames not held yet (compressed here), and the bytes the pool would grow by. Changes nothing.
         """
         plan = FramePlan(start, {})
-        fresh: dict[bytes, np.ndarray] = {}
         for name in self._fields:
             if name not in arrays:
                 continue
-            frames = np.ascontiguousarray(arrays[name]).reshape(-1, self.frame_bytes).view(np.uint8)
+            frames = np.ascontiguousarray(arrays[name]).reshape(-1, self._plane[name]).view(np.uint8)
             digests = [hashlib.blake2b(f.data, digest_size=DIGEST_BYTES).digest() for f in frames]
+            fresh: dict[bytes, np.ndarray] = {}  # frames of different sizes never share a digest
             for d, f in zip(digests, frames):
-                if d not in self._slot and d not in fresh:
+                if d not in self._slot and d not in plan.new and d not in fresh:
                     fresh[d] = f
+            if fresh:
+                plan.new.update(zip(fresh, compress_rows(np.stack(list(fresh.values())), *self.codec)))
             plan.ids[name] = digests
-        if fresh:
-            records = compress_rows(np.stack(list(fresh.values())), *self.codec)
-            plan.new = dict(zip(fresh, records))
         plan.added = sum(map(len, plan.new.values())) - sum(len(self._records[s] or b"") for s in self._freed_by(plan))
         return plan
 

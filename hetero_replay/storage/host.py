@@ -51,6 +51,11 @@ class HostStorage:
         self.capacity = int(capacity)
         self.schema = schema if isinstance(schema, Schema) else Schema(schema)
         codecs = field_codecs(self.schema, codec)
+        if codec is not None and not codecs:
+            raise ValueError(
+                f"codec={codec!r} compresses no field: a codec name goes to image fields (uint8, two dimensions or "
+                f"more) and this schema has none; name fields with codec={{field: codec}}"
+            )
         if (byte_budget is not None or frames) and not codecs:
             what = "byte_budget bounds" if byte_budget is not None else "frames= de-duplicates"
             raise ValueError(f"{what} compressed records: it needs a codec= that compresses some field")
@@ -128,13 +133,14 @@ class HostStorage:
         if self.compressed is None:
             if fields is None:
                 return dict(zip(self._names, self._rows.gather(indices)))  # type: ignore[union-attr]
-            return {name: self.arrays[name].take(indices, axis=0) for name in fields}
+            # Indexing, not take(): a field is a strided view into the rows, and take() copies all of it first.
+            return {name: self.arrays[name][indices] for name in fields}
         names = self._names if fields is None else list(fields)
         raw = [n for n in names if n in self.arrays]
         if fields is None and self._rows is not None:
             out = dict(zip(self._raw_names, self._rows.gather(indices)))
         else:
-            out = {name: self.arrays[name].take(indices, axis=0) for name in raw}
+            out = {name: self.arrays[name][indices] for name in raw}
         out.update(self.compressed.gather(indices, [n for n in names if n not in self.arrays]))
         return {name: out[name] for name in names}
 
