@@ -51,6 +51,11 @@ class HostStorage:
         self.capacity = int(capacity)
         self.schema = schema if isinstance(schema, Schema) else Schema(schema)
         codecs = field_codecs(self.schema, codec)
+        if codec is not None and not codecs:
+            raise ValueError(
+                f"codec={codec!r} compresses no field: a codec name goes to image fields (uint8, two dimensions or "
+                f"more) and this schema has none; name fields with codec={{field: codec}}"
+            )
         if (byte_budget is not None or frames) and not codecs:
             what = "byte_budget bounds" if byte_budget is not None else "frames= de-duplicates"
             raise ValueError(f"{what} compressed records: it needs a codec= that compresses some field")
