@@ -97,7 +97,7 @@ def test_default_codec_goes_to_image_fields_only():
     schema = Schema({**SCHEMA, "pixels_f": ((84, 84), "float32"), "vector": ((16,), "uint8")})
     assert field_codecs(schema, "zstd") == {"obs": Codec("zstd", 1), "next_obs": Codec("zstd", 1)}
     assert field_codecs(schema, ("lz4", 3)) == {"obs": Codec("lz4", 3), "next_obs": Codec("lz4", 3)}
-    assert field_codecs(schema, {"vector": "lz4", "obs": None}) == {"vector": Codec("lz4", 5)}
+    assert field_codecs(schema, {"vector": "lz4", "obs": None}) == {"vector": Codec("lz4", 1)}
     assert field_codecs(schema, None) == {}
     assert HostStorage(4, SCHEMA).compressed is None
 

@@ -121,9 +121,12 @@ class FramePool:
         """Rows at ``indices`` of field ``name`` rebuilt from their frames, and the rows whose frames are damaged."""
         field = self._fields[name]
         slots = self._slot_of_row[name][indices]
-        out = np.empty((len(indices), *field.shape), field.dtype)
-        bad = decompress_rows(self._records, slots.ravel(), out.reshape(slots.size, -1).view(np.uint8))
-        return out, sorted({int(indices[i // slots.shape[1]]) for i in bad})
+        # A batch's rows share frames (a stack with its neighbours'): each distinct one is decompressed once.
+        unique, where = np.unique(slots, return_inverse=True)
+        frames = np.empty((len(unique), self._plane[name]), np.uint8)
+        bad = {int(unique[i]) for i in decompress_rows(self._records, unique, frames)}
+        out = frames[where.reshape(-1)].view(field.dtype).reshape(len(indices), *field.shape)
+        return out, sorted({int(indices[r]) for r, row in enumerate(slots) if bad.intersection(row.tolist())})
 
     def _freed_by(self, plan: FramePlan) -> list[int]:
         """Frame slots a plan's overwrites would leave unreferenced."""
