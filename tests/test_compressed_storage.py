@@ -205,3 +205,19 @@ def test_state_dict_round_trip(transitions):
     a, b = buf.sample(16), copy.sample(16)
     for name in SCHEMA:
         np.testing.assert_array_equal(a.data[name], b.data[name])
+
+
+def test_the_relaxed_pipeline_serves_compressed_rows(transitions):
+    from hetero_replay import RelaxedReplay
+
+    buf = PrioritizedReplay(64, SCHEMA, seed=2, storage_options={"codec": "lz4", "frames": True})
+    buf.add(rows(transitions, 0, 64))
+    replay = RelaxedReplay(buf, staleness=1, prefetch=1)
+    try:
+        for _ in range(3):
+            batch = replay.sample(16)
+            np.testing.assert_array_equal(batch.data["obs"], transitions["obs"][batch.indices])
+            np.testing.assert_array_equal(batch.data["next_obs"], transitions["next_obs"][batch.indices])
+            replay.update_priorities(batch.indices, np.ones(16))
+    finally:
+        replay.close()
