@@ -66,7 +66,7 @@ def fill(lengths: list[int], *bufs, first: int = 1, last_done: bool = True) -> i
             for buf in bufs:
                 buf.add(
                     {key: v[None] for key, v in obs.items()}, {key: v[None] for key, v in nxt.items()},
-                    np.array([[t % N_BITS]]), np.array([-1.0]), np.array([done]), [{}],
+                    np.array([[t % N_BITS]]), np.array([-1.0]), np.array([done]), [{"tag": k}],
                 )  # fmt: skip
             k += 1
     return k
@@ -345,3 +345,23 @@ def test_compare_runs_her_on_goal_envs():
         model = sb3_runs._make_model(RunSpec("sb3", "dqn", "BitFlipping-v0", variant, 0, 1000, 500, 5, 1, 1))
         assert type(model.replay_buffer) is buffer_class
         assert model.replay_buffer.n_sampled_goal == 4
+
+
+class InfoRewardEnv(BitFlippingEnv):
+    """A goal env whose reward reads the info dicts: SB3's reward plus the transition's tag."""
+
+    def compute_reward(self, achieved_goal, desired_goal, infos):
+        return super().compute_reward(achieved_goal, desired_goal, infos) + np.array([i["tag"] for i in infos])
+
+
+def test_copy_info_dict_hands_each_transition_its_info():
+    space, action = BitFlippingEnv(n_bits=N_BITS).observation_space, BitFlippingEnv(n_bits=N_BITS).action_space
+    env = DummyVecEnv([lambda: InfoRewardEnv(n_bits=N_BITS)])
+    buf = PrioritizedHerReplayBuffer(32, space, action, env, device="cpu", copy_info_dict=True, seed=0)
+    fill([5, 6], buf)
+    s = buf.sample(64)
+    tags, goals = decode(s.next_observations["achieved_goal"]), decode(s.observations["desired_goal"])
+    relabelled = goals != 0
+    expected = tags - (goals != tags)
+    np.testing.assert_array_equal(s.rewards.numpy().reshape(-1)[relabelled], expected[relabelled])
+    assert PrioritizedHerReplayBuffer(32, space, action, env, device="cpu").infos is None  # kept only when asked

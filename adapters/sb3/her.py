@@ -151,9 +151,10 @@ class PrioritizedHerReplayBuffer(DictPrioritizedReplayBuffer):
 
         ``ep_length`` is 0 while the episode runs and after part of it was overwritten: such transitions are
         not sampled (priority 0). ``_touched`` lists the slots whose priority must follow ``ep_length`` at the
-        next commit of staged rows.
+        next commit of staged rows. ``infos``: each transition's info dict, kept with ``copy_info_dict`` only
+        (one dict per slot).
         """
-        self.infos = np.array([[{} for _ in range(self.n_envs)] for _ in range(self.buffer_size)])
+        self.infos = np.empty((self.buffer_size, self.n_envs), dtype=object) if self.copy_info_dict else None
         self.ep_start = np.zeros((self.buffer_size, self.n_envs), dtype=np.int64)
         self.ep_length = np.zeros((self.buffer_size, self.n_envs), dtype=np.int64)
         self._current_ep_start = np.zeros(self.n_envs, dtype=np.int64)
@@ -182,7 +183,7 @@ class PrioritizedHerReplayBuffer(DictPrioritizedReplayBuffer):
             self._drop_overwritten(row)
             self.ep_start[row] = self._current_ep_start
             self._touched.append(row * self.n_envs + np.arange(self.n_envs))
-            if self.copy_info_dict:
+            if self.infos is not None:
                 self.infos[row] = infos
             for env_idx in np.flatnonzero(np.asarray(done)):
                 self._end_episode(int(env_idx))
@@ -299,7 +300,7 @@ class PrioritizedHerReplayBuffer(DictPrioritizedReplayBuffer):
             return data
         slots = np.asarray(batch.indices)[virtual]
         goals = self._sample_goals(slots)
-        if self.copy_info_dict:
+        if self.infos is not None:
             infos = copy.deepcopy(self.infos.reshape(-1)[slots])
         else:
             infos = [{} for _ in range(len(slots))]
