@@ -51,9 +51,11 @@ raised by the learner's next call, once.
   ``d + 1`` more batches (copy them to keep them longer; SB3 and Tianshou use
   a batch within its step). Update arrays are checked and copied when given
   (malformed ones are refused at once). It needs the C++ tree and host storage
-  serving NumPy batches (:meth:`PrioritizedReplay.native_parts`); ring and
-  disk storages check stamps and CRCs in Python, so they keep the Python
-  executors.
+  (:meth:`PrioritizedReplay.native_parts`); ring and disk storages check stamps
+  and CRCs in Python, and device storages gather on the device, so they keep
+  the Python executors. A buffer built with ``device=`` gets tensors: views of
+  the slots on the CPU; on CUDA, copies of pinned slots made on the side stream
+  (see :class:`_NativePipeline`).
 * ``"thread"``: a Python worker thread; ``"inline"``: the learner's thread.
 * ``"auto"`` (default): native where it applies, its jobs run on its thread
   once they take ``NATIVE_HANDOVER_US`` or more (median over ``AUTO_WINDOW``
@@ -189,7 +191,7 @@ class RelaxedReplay:
         native = staleness.worker in ("auto", "native") and replay.native_parts() is not None
         if staleness.worker == "native" and not native:
             raise ValueError(
-                "worker='native' needs the C++ tree (tree='native') and host storage serving NumPy batches; "
+                "worker='native' needs the C++ tree (tree='native') and host storage (storage='host'); "
                 f"this buffer has {type(replay.tree).__name__} and {type(replay.storage).__name__}"
                 f"{'' if replay.device is None else f' serving {replay.device}'}: use worker='auto'"
             )
@@ -730,12 +732,20 @@ class _Pipeline:
 
 
 @dataclass
+class _Slot:
+    """One output slot of the native executor's ring."""
+
+    arrays: list[np.ndarray]  # what the executor writes: indices, weights, one array per field
+    tensors: list[Any] | None = None  # the same memory as CPU tensors (torch batches; pinned for a CUDA learner)
+    copied: Any = None  # CUDA event after the copies out of the slot: waited for before it is rewritten
+
+
+@dataclass
 class _Job:
     """A released batch handed to the native executor: the updates it applies first, and its output slot."""
 
     updates: list[tuple[PendingUpdate, np.ndarray | None, np.ndarray | None]]  # (update, undo indices, undo leaves)
-    outputs: list[np.ndarray]  # indices, weights, one array per field
-    names: list[str]
+    slot: _Slot
     done: bool = False  # collected
 
 
@@ -752,6 +762,18 @@ class _NativePipeline(_Pipeline):
     **Slots.** A ring of ``2 * depth + 1`` preallocated arrays per field: the
     arrays of a served batch are rewritten by the draw the learner's
     ``depth + 1``-th next sample releases, so they stay valid until then.
+
+    **Torch learners** (a buffer built with ``device=``): the slots are CPU
+    tensors the executor writes through NumPy views. A CPU learner gets those
+    tensors (no copy). A CUDA learner's slots are pinned: a done job's rows
+    and weights are copied to the device on the side stream, and the
+    learner's stream waits for that copy's event (``_Streams.receive``); the
+    learner starts the copy of the next batch as soon as its job is done (at
+    its ``update_priorities``), so it overlaps training. A slot is rewritten
+    only after its copy completed. TD errors on the device are copied back on
+    the side stream into pinned memory, after an event on the learner's
+    stream; the job that applies them waits for that copy first (by then it
+    has long completed: the update is applied one step later at the earliest).
     """
 
     def __init__(self, replay: PrioritizedReplay, options: StalenessOptions) -> None:
@@ -759,7 +781,7 @@ class _NativePipeline(_Pipeline):
         self.threaded = True
         self.wake = self.mode == "native"  # "auto" measures its jobs first (on the learner's thread)
         self.run_ns: list[int] = []
-        self.slots: list[list[np.ndarray] | None] = [None] * (2 * self.depth + 1)
+        self.slots: list[_Slot | None] = [None] * (2 * self.depth + 1)
         self.next_slot = 0
         self._rebuilt()
 
@@ -767,17 +789,40 @@ class _NativePipeline(_Pipeline):
         parts = self.replay.native_parts()
         assert parts is not None
         tree, fields, written_at = parts
+        self.device = self.replay.device  # None: NumPy batches
         old = getattr(self, "executor", None)
         if old is not None:
             old.stop()
         self.executor = _native.Executor(tree, fields, written_at)
         self.fields = [(name, f.shape, f.dtype) for name, f in self.replay.schema.items()]
+        self.names = [name for name, _, _ in self.fields]
         self.slots = [None] * len(self.slots)
 
     def update(self, indices: Any, td_errors: Any) -> None:
-        idx, td = _host_update(indices, td_errors)
+        copied = None
+        if self.streams.stream is not None and getattr(td_errors, "is_cuda", False):
+            # Checked from its metadata (no device sync), then copied off the device behind the learner's work.
+            if td_errors.ndim != 1:
+                raise ValueError(f"update_priorities: td_errors must be 1-D, got {td_errors.ndim}-D")
+            idx, _ = _host_update(indices, np.empty(len(td_errors), _td_kind(td_errors)))
+            td, copied = self.streams.to_host(td_errors.detach(), np.float64)
+        else:
+            idx, td = _host_update(indices, td_errors)
         with self.lock:
-            self.schedule.record(idx, td)
+            self.schedule.record(idx, td, copied)
+            if self.streams.stream is not None:
+                self._collect_finished()  # the next batch's copy to the device overlaps the rest of this step
+
+    def _collect_finished(self) -> None:
+        """Collect the jobs done so far, in order, without waiting for one."""
+        for i, drawn in enumerate(self.ready):
+            if drawn.job is None or drawn.job.done:
+                continue
+            if self.executor.finished == 0:
+                return
+            self._collect(i)
+            if i >= len(self.ready) or self.ready[i] is not drawn:  # a failed draw dropped the rest
+                return
 
     def on_worker(self) -> bool:
         return self.wake
@@ -809,6 +854,8 @@ class _NativePipeline(_Pipeline):
         updates: list[tuple[PendingUpdate, np.ndarray | None, np.ndarray | None]] = []
         tree_dtype = self.replay.tree.dtype
         while (update := self.schedule.due(step)) is not None:
+            if update.ready_event is not None:
+                update.ready_event.synchronize()  # its TD errors' copy off the device (long done by now)
             if update.step > self.schedule.seen_by_next:  # ahead of the batch served next: keep its undo
                 k = len(update.indices)
                 updates.append((update, np.empty(k, np.int64), np.empty(k, tree_dtype)))
@@ -817,13 +864,13 @@ class _NativePipeline(_Pipeline):
         rng = self.replay.rng
         state = rng.bit_generator.state
         uniforms = rng.random(n)
-        outputs = self._slot(n)
-        job = _Job(updates, outputs, [name for name, _, _ in self.fields])
+        slot = self._slot(n)
+        job = _Job(updates, slot)
         limit = self.replay.filled
         self.executor.submit(
             [(u.indices, u.td_errors, u.epoch, ui, ul) for u, ui, ul in updates],
             uniforms,
-            outputs,
+            slot.arrays,
             self.replay.priorities.stratified,
             self.replay.alpha,
             self.replay.eps,
@@ -832,16 +879,37 @@ class _NativePipeline(_Pipeline):
         )
         self.ready.append(_Drawn(step, None, n, state, self.replay.write_epoch, job=job))  # type: ignore[arg-type]
 
-    def _slot(self, n: int) -> list[np.ndarray]:
-        """The next slot of the ring, holding ``n`` rows."""
+    def _slot(self, n: int) -> _Slot:
+        """The next slot of the ring, holding ``n`` rows (once the copies out of it are done)."""
         i = self.next_slot
         self.next_slot = (i + 1) % len(self.slots)
         slot = self.slots[i]
-        if slot is None or len(slot[0]) != n:
-            slot = [np.empty(n, np.int64), np.empty(n, np.float32)]
-            slot += [np.empty((n, *shape), dtype) for _, shape, dtype in self.fields]
+        if slot is not None and slot.copied is not None:
+            slot.copied.synchronize()
+            slot.copied = None
+        if slot is None or len(slot.arrays[0]) != n:
+            arrays: list[np.ndarray] = [np.empty(n, np.int64), np.empty(n, np.float32)]
+            arrays += [np.empty((n, *shape), dtype) for _, shape, dtype in self.fields]
+            slot = (
+                _Slot(arrays) if self.device is None else _tensor_slot(arrays, pinned=self.streams.stream is not None)
+            )
             self.slots[i] = slot
         return slot
+
+    def _deliver(self, drawn: _Drawn) -> Sample:
+        """A done job's batch: its slot's arrays, or tensors of them, or (CUDA) their copies on the device."""
+        assert drawn.job is not None
+        slot = drawn.job.slot
+        if slot.tensors is None:
+            idx, weights, *fields = slot.arrays
+            return Sample(dict(zip(self.names, fields)), idx, weights)
+        t_idx, t_weights, *t_fields = slot.tensors  # indices stay where the (host) tree is, as the engine gives them
+        if self.streams.stream is not None:
+            with self.streams.worker():
+                t_weights = t_weights.to(self.device, non_blocking=True)
+                t_fields = [f.to(self.device, non_blocking=True) for f in t_fields]
+            slot.copied = drawn.ready_event = self.streams.record()
+        return Sample(dict(zip(self.names, t_fields)), t_idx, t_weights)
 
     def _collect(self, i: int) -> None:
         """Wait for the job of ``ready[i]`` (all before it are collected) and take in its results."""
@@ -867,9 +935,8 @@ class _NativePipeline(_Pipeline):
         if draw_error is not None:  # as the Python executor: nothing is drawn after a failed draw
             self._abandon_after(i)
             return
-        idx, weights, *fields = job.outputs
-        drawn.batch = Sample(dict(zip(job.names, fields)), idx, weights)
-        drawn.weights, drawn.beta = weights, 1.0
+        drawn.batch = self._deliver(drawn)
+        drawn.weights, drawn.beta = drawn.batch.weights, 1.0
 
     def _measure_job(self, run_ns: int) -> None:
         """``worker="auto"``: wake the executor's thread for the next jobs only if they are worth a hand-over."""
@@ -931,6 +998,26 @@ def _native_error(error: tuple[int, str]) -> Exception:
     """The exception a native job's ``(kind, message)`` stands for: what the engine would have raised."""
     kind, message = error
     return ValueError(message) if kind == 1 else IndexError(message) if kind == 2 else RuntimeError(message)
+
+
+def _tensor_slot(arrays: list[np.ndarray], pinned: bool) -> _Slot:
+    """A slot whose memory is CPU tensors (page-locked if ``pinned``), the executor writing their NumPy views."""
+    import torch
+
+    tensors = [torch.from_numpy(a) for a in arrays]
+    if pinned:
+        tensors = [t.pin_memory() for t in tensors]
+    return _Slot([t.numpy() for t in tensors], tensors)
+
+
+def _td_kind(td_errors: Any) -> Any:
+    """The NumPy dtype standing for a tensor's dtype in :func:`_host_update`'s checks."""
+    dtype = td_errors.dtype
+    if dtype.is_floating_point:
+        return np.float64
+    if dtype.is_complex:
+        return np.complex128
+    return np.bool_ if str(dtype) == "torch.bool" else np.int64
 
 
 def _host_update(indices: Any, td_errors: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -1017,6 +1104,22 @@ class _Streams:
         """Make the worker's stream wait for a learner's event."""
         if event is not None and self.stream is not None:
             self.stream.wait_event(event)
+
+    def to_host(self, x: Any, dtype: Any) -> tuple[np.ndarray, Any]:
+        """``x`` (a CUDA tensor) copied into page-locked host memory as ``dtype`` on the side stream, after
+        what the learner's stream has queued so far; returns ``(array, event after the copy)``."""
+        import torch
+
+        produced = torch.cuda.Event()
+        produced.record()
+        host = torch.empty(x.shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(produced)
+            host.copy_(x, non_blocking=True)
+            x.record_stream(self.stream)  # the allocator must not reuse x before the copy read it
+        copied = torch.cuda.Event()
+        copied.record(self.stream)
+        return host.numpy(), copied
 
     def receive(self, drawn: _Drawn) -> Sample:
         """The batch, safe to use on the learner's stream."""

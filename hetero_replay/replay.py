@@ -555,10 +555,12 @@ class PrioritizedReplay:
         relaxed pipeline's jobs with no Python: it needs the C++ tree, rows in
         host memory it may gather from directly (the fields' strided arrays,
         in schema order) and :attr:`Priorities.written_at`. ``None`` for other
-        trees, for batches delivered as tensors, and for ring and disk
-        storages (their reads check stamps and CRCs, which are Python), and for compressed fields.
+        trees, for device storages, for ring and disk storages (their reads
+        check stamps and CRCs, which are Python), and for compressed fields.
+        Host rows delivered as tensors (``device=``) are served: the executor
+        gathers into tensors' memory and the pipeline moves them to :attr:`device`.
         """
-        if self._batches is not None or self._ring is not None or self._durable is not None:
+        if self._ring is not None or self._durable is not None:
             return None
         if not isinstance(self.tree, _native.SumTree) or not isinstance(self.storage, HostStorage):
             return None

@@ -216,7 +216,9 @@ def test_reset_stops_the_old_buffers_worker_and_leaves_an_empty_usable_buffer(na
     add_rows(buf, 40)
     core = buf.replay._core
     assert isinstance(core, _NativePipeline)  # worker="auto" on the C++ tree and host storage
-    if not native:
+    if native:
+        core.wake = True  # as "auto" decides for jobs worth a hand-over: a running thread for reset to stop
+    else:
         core.stop()
         core = buf.replay._core = _Pipeline(buf.replay.replay, buf.replay.schedule_options)
         core.mode, core.threaded = "thread", True  # the Python worker thread

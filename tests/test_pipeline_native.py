@@ -41,6 +41,7 @@ from tests.test_pipeline import (
 )
 
 EXECUTORS = ("native", "thread", "inline")
+SCHEMA_TORCH = {"obs": ((3,), "float32"), "a": ((), "int64")}
 
 
 def scripted_run(worker: str, k: int = 2, prefetch: int = 2) -> dict[str, Any]:
@@ -134,6 +135,40 @@ def test_auto_wakes_the_native_thread_only_for_jobs_worth_a_handover(batch, woke
         assert buf._core.executor.thread_alive is woken
     finally:
         buf.close()
+
+
+def test_torch_batches_on_the_cpu_are_the_slots_tensors_and_the_inline_batches():
+    """A buffer built with device="cpu": the native executor gathers into tensors' memory (no copy per batch),
+    takes TD errors as tensors, and serves the Python executor's batches bit for bit."""
+    import torch
+
+    def run(worker: str) -> list[Any]:
+        replay = PrioritizedReplay(500, SCHEMA_TORCH, tree="native", seed=0, device="cpu")
+        buf = RelaxedReplay(replay, staleness=2, prefetch=2, worker=worker)
+        buf.add({"obs": np.arange(1200, dtype=np.float32).reshape(400, 3), "a": np.arange(400)})
+        g = torch.Generator().manual_seed(0)
+        seen = []
+        try:
+            for t in range(30):
+                b = buf.sample(32, 0.5)
+                assert isinstance(b.data["obs"], torch.Tensor) and isinstance(b.weights, torch.Tensor)
+                if worker == "native" and t > 0:  # (the first batch is the learner's own draw)
+                    slot_memory = {s.tensors[2].data_ptr() for s in buf._core.slots if s is not None}
+                    assert b.data["obs"].data_ptr() in slot_memory  # the slot itself, not a copy
+                seen.append([x.numpy().copy() for x in (b.indices, b.weights, b.data["obs"], b.data["a"])])
+                buf.update_priorities(b.indices, torch.rand(32, generator=g))
+                if t % 7 == 3:
+                    buf.add({"obs": np.zeros((5, 3), np.float32), "a": np.zeros(5, np.int64)})
+            buf.flush()
+            seen.append([buf.priorities.leaves()])
+            return seen
+        finally:
+            buf.close()
+
+    native, inline = run("native"), run("inline")
+    for got, want in zip(native, inline, strict=True):
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(g, w)
 
 
 def test_the_native_thread_runs_while_the_learner_holds_the_gil():

@@ -36,7 +36,7 @@ def entropy_coefficient(model: Any, log_prob: th.Tensor, losses: list[float]) ->
     do not move the coefficient; the coefficient's own loss is appended to ``losses``.
     """
     if model.ent_coef_optimizer is None or model.log_ent_coef is None:
-        return model.ent_coef_tensor  # type: ignore[no-any-return]
+        return model.ent_coef_tensor
     coefficient = th.exp(model.log_ent_coef.detach())
     assert not isinstance(model.target_entropy, str)  # "auto" is resolved to a number by _setup_model
     loss = -(model.log_ent_coef * (log_prob + model.target_entropy).detach()).mean()
