@@ -78,6 +78,8 @@ def test_interleaved_envs_episode_ends_and_wrap_around(frames, seed):
         want, got = raw.gather(np.arange(n, dtype=np.int64)), packed.gather(np.arange(n, dtype=np.int64))
         for name in SCHEMA:
             np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} after {written} rows")
+        one = int(rng.integers(n))  # a lone row: its frames mostly distinct, decompressed straight into the batch
+        np.testing.assert_array_equal(packed.gather(np.array([one]))["obs"], want["obs"][[one]])
         pool = packed.compressed.pool
         held = {i for i, r in enumerate(pool._records) if r is not None}
         assert held == referenced(packed) and pool.frames == len(held)  # no dead frame kept, no live one freed
@@ -123,8 +125,9 @@ def test_budget_and_damage_with_frames(frames):
     rec = bytearray(pool._records[slot])
     rec[-3] ^= 0xFF
     pool._records[slot] = bytes(rec)
-    with pytest.raises(DamagedRecordError, match=r"field 'next_obs': the compressed records of slots \[6\] are"):
-        storage.gather(np.array([6, 6]), fields=["next_obs"])
+    for rows in ([6, 6], [6]):  # frames shared in the batch, and not
+        with pytest.raises(DamagedRecordError, match=r"field 'next_obs': the compressed records of slots \[6\] are"):
+            storage.gather(np.array(rows), fields=["next_obs"])
     clean = [r for r in range(8) if slot not in pool._slot_of_row["next_obs"][r]]
     np.testing.assert_array_equal(
         storage.gather(np.array(clean), fields=["next_obs"])["next_obs"], data["next_obs"][clean]

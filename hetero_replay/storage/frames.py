@@ -121,11 +121,19 @@ class FramePool:
         """Rows at ``indices`` of field ``name`` rebuilt from their frames, and the rows whose frames are damaged."""
         field = self._fields[name]
         slots = self._slot_of_row[name][indices]
-        # A batch's rows share frames (a stack with its neighbours'): each distinct one is decompressed once.
+        out = np.empty((len(indices), *field.shape), field.dtype)
         unique, where = np.unique(slots, return_inverse=True)
-        frames = np.empty((len(unique), self._plane[name]), np.uint8)
-        bad = {int(unique[i]) for i in decompress_rows(self._records, unique, frames)}
-        out = frames[where.reshape(-1)].view(field.dtype).reshape(len(indices), *field.shape)
+        if len(unique) > 0.75 * slots.size:  # few shared frames: decompress into the batch, no copy
+            flat = slots.ravel()
+            bad = {
+                int(flat[i]) for i in decompress_rows(self._records, flat, out.reshape(flat.size, -1).view(np.uint8))
+            }
+        else:  # rows of one stretch share most frames: each distinct one once, then copied where it goes
+            frames = np.empty((len(unique), self._plane[name]), np.uint8)
+            bad = {int(unique[i]) for i in decompress_rows(self._records, unique, frames)}
+            out.reshape(slots.size, -1).view(np.uint8)[:] = frames[where.reshape(-1)]
+        if not bad:
+            return out, []
         return out, sorted({int(indices[r]) for r, row in enumerate(slots) if bad.intersection(row.tolist())})
 
     def _freed_by(self, plan: FramePlan) -> list[int]:
