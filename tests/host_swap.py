@@ -55,11 +55,16 @@ def _sb3_swaps() -> list[tuple[Any, str, type, type]]:
     import stable_baselines3  # noqa: F401  (every algorithm, HER's buffer included, binds SB3's classes first)
     from stable_baselines3.common import buffers
 
-    from hetero_replay.adapters.sb3 import DictPrioritizedReplayBuffer, PrioritizedReplayBuffer
+    from hetero_replay.adapters.sb3 import (
+        DictPrioritizedReplayBuffer,
+        NStepPrioritizedReplayBuffer,
+        PrioritizedReplayBuffer,
+    )
 
     # The adapter's Dict buffer stands for SB3's DictReplayBuffer (MultiInputPolicy) but, like
     # every buffer SB3's off-policy algorithms take, subclasses SB3's ReplayBuffer.
     return [
         (buffers, "ReplayBuffer", PrioritizedReplayBuffer, buffers.ReplayBuffer),
         (buffers, "DictReplayBuffer", DictPrioritizedReplayBuffer, buffers.ReplayBuffer),
+        (buffers, "NStepReplayBuffer", NStepPrioritizedReplayBuffer, buffers.ReplayBuffer),
     ]

@@ -99,6 +99,22 @@ def test_device_batches_and_vecnormalize_give_the_same_batches() -> None:
     ours.close()
 
 
+def test_get_samples_of_given_rows_equals_sb3s() -> None:
+    """SB3's private ``_get_samples(batch_inds)`` (what its own n-step tests call): same rows, same envs drawn."""
+    kwargs = dict(n_envs=3, n_steps=3, gamma=GAMMA, device="cpu")
+    ours = NStepPrioritizedReplayBuffer(90, OBS, ACT, seed=4, **kwargs)
+    theirs = NStepReplayBuffer(90, OBS, ACT, **kwargs)
+    fill([ours, theirs], 45, 3, seed=9)
+    rows = np.arange(30)
+    np.random.seed(5)
+    got = ours._get_samples(rows)
+    np.random.seed(5)
+    want = theirs._get_samples(rows)
+    for name in want._fields:
+        th.testing.assert_close(getattr(got, name), getattr(want, name).to(getattr(got, name).dtype), msg=name)
+    ours.close()
+
+
 def test_optimize_memory_usage_gives_the_same_batches() -> None:
     """SB3 refuses it for n-step; ours reads the last step's next observation from the row after it."""
     kwargs = dict(n_envs=2, handle_timeout_termination=False, n_steps=4, gamma=GAMMA, device="cpu")

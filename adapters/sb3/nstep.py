@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.type_aliases import ReplayBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
 
 from hetero_replay.adapters.sb3.buffers import PrioritizedReplayBuffer, PrioritizedReplayBufferSamples
@@ -89,13 +90,24 @@ class NStepPrioritizedReplayBuffer(PrioritizedReplayBuffer):
         """
         with self._lock:  # re-entrant: the windows are read at the position the batch was drawn at
             start = super().sample(batch_size, env)
-            return self._n_step(start, env)
+            return start._replace(**self._n_step(start.indices, env))
 
-    def _n_step(
-        self, start: PrioritizedReplayBufferSamples, env: VecNormalize | None
-    ) -> PrioritizedReplayBufferSamples:
-        """``start`` (1-step samples) with the n-step fields of the windows its indices start. Hold the lock."""
-        indices = start.indices
+    def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> ReplayBufferSamples:
+        """SB3's ``_get_samples``: the n-step transitions starting at rows ``batch_inds``, each in an env drawn
+        uniformly, as SB3's ``NStepReplayBuffer`` draws it (no priorities; what SB3's own tests call)."""
+        with self._lock:
+            self._commit()
+            env_indices = np.random.randint(0, self.n_envs, size=batch_inds.shape)
+            slots = np.asarray(batch_inds, np.int64) * self.n_envs + env_indices
+            return ReplayBufferSamples(
+                observations=self._observation_tensor("obs", {"obs": self._replay.read_rows("obs", slots)}, env),
+                actions=self._tensor(self._replay.read_rows("action", slots)),
+                **self._n_step(slots, env),
+            )
+
+    def _n_step(self, indices: np.ndarray | th.Tensor, env: VecNormalize | None) -> dict[str, th.Tensor]:
+        """The n-step fields (``next_observations``, ``dones``, ``rewards``, ``discounts``) of the windows that
+        start at the slots ``indices``. Hold the lock."""
         first = indices.cpu().numpy() if isinstance(indices, th.Tensor) else np.asarray(indices)
         rows, envs = np.divmod(first.astype(np.int64), self.n_envs)
         steps = np.arange(self.n_steps)
@@ -126,7 +138,7 @@ class NStepPrioritizedReplayBuffer(PrioritizedReplayBuffer):
         if env is not None and isinstance(next_obs, th.Tensor):
             next_obs = next_obs.cpu().numpy()  # VecNormalize works on NumPy arrays
         tensor = self._tensor
-        return start._replace(
+        return dict(
             next_observations=self._observation_tensor("next_obs", {"next_obs": next_obs}, env),
             dones=tensor(final_dones),
             rewards=tensor(returns),
