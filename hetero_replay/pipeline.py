@@ -58,10 +58,11 @@ raised by the learner's next call, once.
   (see :class:`_NativePipeline`).
 * ``"thread"``: a Python worker thread; ``"inline"``: the learner's thread.
 * ``"auto"`` (default): native where it applies, its jobs run on its thread
-  once they take ``NATIVE_HANDOVER_US`` or more (median over ``AUTO_WINDOW``
-  jobs), else by the learner when it collects them (in C++, without the GIL):
-  waking a thread costs ~10 µs, more than a small batch's job (B = 64 rows of
-  CartPole: ~5 µs). Elsewhere inline until the replay work is
+  once they take ``NATIVE_HANDOVER_US`` of CPU time or more (median over
+  ``AUTO_WINDOW`` jobs; CPU time, which a loaded machine's preemptions do not
+  inflate), else by the learner when it collects them (in C++, without the
+  GIL): waking a thread costs ~10 µs, more than a small batch's job (B = 64
+  rows of CartPole: ~5 µs). Elsewhere inline until the replay work is
   ``AUTO_WORKER_SHARE`` of the learner's step, then the Python thread (there
   each GIL hand-over costs ~100 µs, which only a large share repays).
 
@@ -103,7 +104,7 @@ from hetero_replay.trees import SumTree
 AUTO_WORKER_SHARE = 0.25
 #: Learner steps over which ``worker="auto"`` measures (medians, so rollout gaps do not count).
 AUTO_WINDOW = 32
-#: ``worker="auto"`` with the native executor: jobs that take at least this long (µs, median) run on its
+#: ``worker="auto"`` with the native executor: jobs that take at least this much CPU time (µs, median) run on its
 #: thread; shorter ones on the learner's, where no thread is woken (a wake-up, with its futex and moved cache
 #: lines, costs the learner ~10 µs on a 2-vCPU VM: ``benchmarks/bench_pipeline.py --worker native``).
 NATIVE_HANDOVER_US = 25.0

@@ -58,8 +58,10 @@ TEST_CASE(ring_slots, racing_writers_never_show_a_torn_row) {
   int64_t accepted = 0, torn = 0;
   auto reader = [&] {
     std::vector<int64_t> copy(kWords);
-    // At least one pass: on a busy machine the writers may all finish before this thread first runs.
-    do {
+    // Passes until one that began after every writer finished (on a busy machine every pass made while
+    // they ran may meet only slots being rewritten): that last pass accepts every committed slot.
+    for (bool last = false; !last;) {
+      last = done.load();
       for (int64_t s = 0; s < kSlots; ++s) {
         const int64_t before = load_acquire(stamps.get() + s);
         if (before <= 0) continue;
@@ -70,7 +72,7 @@ TEST_CASE(ring_slots, racing_writers_never_show_a_torn_row) {
         ++accepted;
         for (int64_t w = 0; w < kWords; ++w) torn += copy[w] != before - 1;
       }
-    } while (!done.load());
+    }
   };
   std::thread r(reader);
   std::vector<std::thread> ws;
