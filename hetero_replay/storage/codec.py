@@ -39,9 +39,9 @@ from hetero_replay.storage.schema import Field
 
 #: The codecs a field may have (both from C-Blosc2).
 CODECS = ("lz4", "zstd")
-#: Level of each codec unless one is given (Blosc2's 0-9 scale; 0 stores rows uncompressed). Measured on
-#: MsPacman frames (docs/compression.md): LZ4 1 decodes twice as fast as LZ4 5 for 10% more bytes; Zstd
-#: packs about twice as tight as LZ4 and decodes 2-4x slower, and its higher levels gain little.
+#: Level of each codec unless one is given (Blosc2's 0-9 scale; 0 stores rows uncompressed). On MsPacman
+#: frames (benchmarks/results/compression.md) LZ4's levels differ by ~10% in bytes; Zstd packs about twice
+#: as tight as LZ4 and decodes slower; Blosc2's high Zstd levels compress slowly for little gain.
 DEFAULT_LEVELS = {"lz4": 1, "zstd": 1}
 
 
