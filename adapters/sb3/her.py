@@ -325,9 +325,7 @@ class PrioritizedHerReplayBuffer(DictPrioritizedReplayBuffer):
         else:  # EPISODE
             steps = self._goal_rng.integers(0, length)
         goal_slots = (start + steps) % self.buffer_size * self.n_envs + envs
-        # The host storage's live view, indexed (a copy of these rows; read_rows' take() copies a
-        # strided field whole first).
-        return self._replay.view("next_obs/achieved_goal")[goal_slots]
+        return self._replay.read_rows("next_obs/achieved_goal", goal_slots)
 
     def update_priorities(self, indices: np.ndarray | th.Tensor, td_errors: th.Tensor | np.ndarray) -> None:
         """As :meth:`PrioritizedReplayBuffer.update_priorities`; a transition whose episode was overwritten since
