@@ -337,6 +337,7 @@ def test_perdqn_with_her_learns_bit_flipping():
     assert sum(r is not None for r in reached.values()) >= HER_NEEDED, reached
 
 
+@pytest.mark.filterwarnings("ignore:.*render_mode")  # make_vec_env asks BitFlippingEnv for rgb_array frames
 def test_compare_runs_her_on_goal_envs():
     from hetero_replay.apps.compare import sb3_runs
     from hetero_replay.apps.compare.base import RunSpec
