@@ -263,7 +263,7 @@ class PERMixin(_OffPolicyBase):
         than the model's, and one whose core engine delivers batches to another
         device than the model's (``ValueError``).
         """
-        previous = getattr(self, "replay_buffer", None)  # SB3 loads into a model whose buffer was deleted, too
+        previous: Any = getattr(self, "replay_buffer", None)  # SB3 loads into a model whose buffer was deleted, too
         try:
             super().load_replay_buffer(path, truncate_last_traj)
             _require_priorities(type(self.replay_buffer), type(self).__name__)
