@@ -126,7 +126,9 @@ def advise(args: argparse.Namespace) -> int:
 
 def _compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lib", default="sb3", help="host library: sb3 or tianshou")
-    p.add_argument("--algo", default="dqn", help="dqn, ddpg, td3, sac (what the library's runner offers)")
+    p.add_argument(
+        "--algo", default="dqn", help="dqn, ddpg, td3, sac; with sb3 also qrdqn, tqc, crossq (the contrib extra)"
+    )
     p.add_argument("--env", default="CartPole-v1", help="gymnasium environment id")
     p.add_argument("--steps", type=int, default=50_000, help="environment steps per run")
     p.add_argument("--seeds", type=int, default=3, help="runs per variant, with seeds first-seed, first-seed+1, ...")

@@ -124,6 +124,16 @@ def test_n_steps_reach_both_variants_of_the_sb3_runner() -> None:
     assert buffers["uniform"].n_steps == buffers["per"].n_steps == 3
 
 
+@pytest.mark.parametrize("algo, stock", [("qrdqn", "QRDQN"), ("tqc", "TQC"), ("crossq", "CrossQ")])
+def test_sb3_contrib_algorithms_run_stock_against_per(algo: str, stock: str) -> None:
+    pytest.importorskip("sb3_contrib")
+    from hetero_replay.apps.compare.sb3_runs import algorithm_class
+
+    uniform, per = algorithm_class(algo, "uniform"), algorithm_class(algo, "per")
+    assert uniform.__name__ == stock and uniform.__module__.startswith("sb3_contrib")
+    assert per.__name__ == f"PER{stock}" and issubclass(per, uniform)
+
+
 def test_cli_compare_end_to_end(tmp_path, capsys) -> None:
     out = tmp_path / "cmp"
     code = main(["compare", "--lib", "sb3", "--algo", "dqn", "--env", "CartPole-v1", "--steps", "400",

@@ -2,7 +2,8 @@
 
 Variants:
 
-* ``uniform`` — the stock SB3 algorithm (DQN, DDPG, TD3, SAC) with its own ``ReplayBuffer``;
+* ``uniform`` — the stock SB3 algorithm (DQN, DDPG, TD3, SAC; QR-DQN, TQC, CrossQ from
+  sb3-contrib) with its own ``ReplayBuffer``;
 * ``per`` — its PER subclass from :mod:`hetero_replay.adapters.sb3` (``PERDQN``, ...)
   with the default :class:`~hetero_replay.adapters.sb3.PrioritizedReplayBuffer`
   (alpha 0.6, beta annealed from 0.4 to 1); with ``--staleness`` once per staleness.
@@ -49,6 +50,12 @@ HYPERPARAMS: dict[tuple[str, str], dict[str, Any]] = {
         learning_rate=1e-3, action_noise_std=0.1, policy_kwargs=dict(net_arch=[400, 300]),
     ),
     ("sac", "Pendulum-v1"): dict(learning_rate=1e-3),
+    # rl-baselines3-zoo, hyperparams/qrdqn.yml: DQN's CartPole settings with 10 quantiles.
+    ("qrdqn", "CartPole-v1"): dict(
+        learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
+        target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+        exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256], n_quantiles=10),
+    ),
     # tests/test_sb3_her.py's settings (SB3's test of HER on this env uses DQN's defaults, which learn slower).
     ("dqn", "BitFlipping-v0"): dict(
         learning_starts=200, buffer_size=100_000, learning_rate=1e-3, batch_size=64, train_freq=1,
@@ -60,20 +67,20 @@ HYPERPARAMS: dict[tuple[str, str], dict[str, Any]] = {
 #: Hindsight experience replay's settings on goal-conditioned envs (SB3's defaults), for both variants.
 HER_KWARGS = dict(n_sampled_goal=4, goal_selection_strategy="future")
 
-ALGOS = ("dqn", "ddpg", "td3", "sac")
+#: SB3's algorithms and sb3-contrib's (``qrdqn``, ``tqc``, ``crossq``: the ``contrib`` extra).
+ALGOS = ("dqn", "ddpg", "td3", "sac", "qrdqn", "tqc", "crossq")
 VARIANTS = ("uniform", "per")
 
 
 def algorithm_class(algo: str, variant: str) -> type:
-    """The SB3 class (``uniform``) or its PER subclass (``per``) for ``algo``."""
-    import stable_baselines3 as sb3
-
+    """The SB3 (or sb3-contrib) class (``uniform``) or its PER subclass (``per``) for ``algo``."""
     import hetero_replay.adapters.sb3 as per
 
     if algo not in ALGOS or variant not in VARIANTS:
         raise ValueError(f"sb3 runs {ALGOS} in variants {VARIANTS}, not {algo!r} / {variant!r}")
-    name = algo.upper()
-    return getattr(per, f"PER{name}") if variant == "per" else getattr(sb3, name)
+    name = {"qrdqn": "QRDQN", "crossq": "CrossQ"}.get(algo, algo.upper())
+    per_class: type = getattr(per, f"PER{name}")  # sb3-contrib's: an ImportError naming the extra if missing
+    return per_class if variant == "per" else per_class.__bases__[-1]  # PERX(mixin, X): the stock X
 
 
 def hyperparameters(algo: str, env_id: str, steps: int) -> dict[str, Any]:
