@@ -17,7 +17,7 @@ the replies it waits for, over untimed steps after each run), fits ``learner CPU
 error on those, and projects the learner-bound sample rate to 8..64 nodes (one shard each, 25 Gb/s).
 
     python benchmarks/bench_distributed_scaling.py --batches-per-call 1 4 --seconds 2 --name distributed-scaling-s8
-    python benchmarks/bench_distributed_scaling.py --base-dir /tmp/h29/base --shards 1 2 4 --writers 2 \
+    python benchmarks/bench_distributed_scaling.py --base-dir ../base --shards 1 2 4 --writers 2 \
         --batches-per-call 1 4 8 --name distributed-scaling
 """
 

@@ -265,7 +265,7 @@ def main() -> None:
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "rate-limiter.md").write_text("\n".join(lines))
-    (args.out / "rate-limiter.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+    (args.out / "rate-limiter.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items() if k != "out"},
                                                             "results": results}, indent=1))  # fmt: skip
     print("\n".join(lines))
     if "sharded" in args.doors:
