@@ -8,6 +8,12 @@ Variants:
   with the default :class:`~hetero_replay.adapters.sb3.PrioritizedReplayBuffer`
   (alpha 0.6, beta annealed from 0.4 to 1); with ``--staleness`` once per staleness.
 
+Run only when ``--variants`` names them (the IS-weight scale study, docs/is-weights.md):
+
+* ``per-batchnorm`` — ``per`` with IS weights divided by the batch maximum
+  (``weight_norm="batch"``) instead of the buffer's;
+* ``per-eps1e-3`` — ``per`` with ``eps=1e-3`` instead of the default ``1e-6``.
+
 With ``--n-steps k`` both train on k-step returns: SB3's ``NStepReplayBuffer``
 and :class:`~hetero_replay.adapters.sb3.NStepPrioritizedReplayBuffer`.
 
@@ -50,6 +56,7 @@ HYPERPARAMS: dict[tuple[str, str], dict[str, Any]] = {
         learning_rate=1e-3, action_noise_std=0.1, policy_kwargs=dict(net_arch=[400, 300]),
     ),
     ("sac", "Pendulum-v1"): dict(learning_rate=1e-3),
+    ("tqc", "Pendulum-v1"): dict(learning_rate=1e-3),  # rl-baselines3-zoo, hyperparams/tqc.yml
     # rl-baselines3-zoo, hyperparams/qrdqn.yml: DQN's CartPole settings with 10 quantiles.
     ("qrdqn", "CartPole-v1"): dict(
         learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
@@ -69,7 +76,15 @@ HER_KWARGS = dict(n_sampled_goal=4, goal_selection_strategy="future")
 
 #: SB3's algorithms and sb3-contrib's (``qrdqn``, ``tqc``, ``crossq``: the ``contrib`` extra).
 ALGOS = ("dqn", "ddpg", "td3", "sac", "qrdqn", "tqc", "crossq")
-VARIANTS = ("uniform", "per")
+VARIANTS = ("uniform", "per", "per-batchnorm", "per-eps1e-3")
+#: The replay-buffer options of each PER variant.
+PER_OPTIONS: dict[str, dict[str, Any]] = {
+    "per": {},
+    "per-batchnorm": dict(weight_norm="batch"),
+    "per-eps1e-3": dict(eps=1e-3),
+}
+#: Batches drawn after training to measure the final mean IS weight.
+FINAL_BATCHES = 16
 
 
 def algorithm_class(algo: str, variant: str) -> type:
@@ -80,7 +95,7 @@ def algorithm_class(algo: str, variant: str) -> type:
         raise ValueError(f"sb3 runs {ALGOS} in variants {VARIANTS}, not {algo!r} / {variant!r}")
     name = {"qrdqn": "QRDQN", "crossq": "CrossQ"}.get(algo, algo.upper())
     per_class: type = getattr(per, f"PER{name}")  # sb3-contrib's: an ImportError naming the extra if missing
-    return per_class if variant == "per" else per_class.__bases__[-1]  # PERX(mixin, X): the stock X
+    return per_class if variant in PER_OPTIONS else per_class.__bases__[-1]  # PERX(mixin, X): the stock X
 
 
 def hyperparameters(algo: str, env_id: str, steps: int) -> dict[str, Any]:
@@ -113,6 +128,8 @@ def _make_model(spec: RunSpec) -> Any:
         params["staleness"] = spec.staleness  # only "per" is relaxable
     if spec.n_steps > 1:  # SB3's NStepReplayBuffer for "uniform", NStepPrioritizedReplayBuffer for "per"
         params["n_steps"] = spec.n_steps
+    if PER_OPTIONS.get(spec.variant):
+        params["replay_buffer_kwargs"] = {**params.get("replay_buffer_kwargs", {}), **PER_OPTIONS[spec.variant]}
     return algorithm_class(spec.algo, spec.variant)(policy, env, seed=spec.seed, **params)
 
 
@@ -122,7 +139,7 @@ def _her_buffer(variant: str) -> type:
 
     from hetero_replay.adapters.sb3 import PrioritizedHerReplayBuffer
 
-    return PrioritizedHerReplayBuffer if variant == "per" else HerReplayBuffer
+    return PrioritizedHerReplayBuffer if variant in PER_OPTIONS else HerReplayBuffer
 
 
 def _register_goal_envs() -> None:
@@ -205,6 +222,10 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
     buffer = model.replay_buffer
     if hasattr(buffer, "update_priorities"):
         extra.update(final_beta=buffer.beta, max_priority=buffer.max_priority)
+        # The scale of the learner's last updates (docs/is-weights.md): the mean IS weight of a few fresh batches.
+        extra["final_mean_weight"] = float(
+            np.mean([float(buffer.sample(model.batch_size).weights.mean()) for _ in range(FINAL_BATCHES)])
+        )
     return RunResult(
         spec=spec,
         wall_s=time.perf_counter() - start,
@@ -216,4 +237,4 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
 
 
 _register_goal_envs()
-register_runner("sb3", VARIANTS, ALGOS, run, relaxable=("per",), n_step=True)
+register_runner("sb3", VARIANTS, ALGOS, run, relaxable=tuple(PER_OPTIONS), n_step=True, defaults=VARIANTS[:2])
