@@ -21,8 +21,9 @@ nothing of the core but :mod:`hetero_replay` and this module
   (``Candidate``, ``ReplayConfig``, ``WorkloadSpec``, the timers, ``advise``,
   ``AutoPlacement``);
 * ``install_hint``: how a user installs an extra, for "needs X" messages;
-* ``same_device``, ``Normalise`` and ``PLAIN_KINDS``: the device comparison,
-  the IS-weight normalisations and the dtype kinds a schema stores as is.
+* ``same_device``, ``Normalise`` (with ``check_normalise`` and the batch rule
+  ``normalise_by_batch``) and ``PLAIN_KINDS``: the device comparison, the
+  IS-weight normalisations and the dtype kinds a schema stores as is.
 """
 
 from hetero_replay.advisor import Advice, AutoPlacement, advise
@@ -42,7 +43,7 @@ from hetero_replay.forksafe import OUTER, ForkSafeLock, holding
 from hetero_replay.options import check_beta
 from hetero_replay.pipeline import AUTO_WINDOW
 from hetero_replay.placement import HOST, one_policy_placement
-from hetero_replay.priorities import Normalise
+from hetero_replay.priorities import Normalise, check_normalise, normalise_by_batch
 from hetero_replay.registry import install_hint
 from hetero_replay.schedule import PendingUpdate, Schedule
 from hetero_replay.storage.durable import DURABLE, DurableFile, FlushSchedule, check_path, read_point
@@ -78,6 +79,7 @@ __all__ = [
     "check_beta",
     "check_bool",
     "check_int",
+    "check_normalise",
     "check_real",
     "check_path",
     "check_seed",
@@ -86,6 +88,7 @@ __all__ = [
     "install_hint",
     "is_int",
     "is_real",
+    "normalise_by_batch",
     "one_policy_placement",
     "read_point",
     "same_device",

@@ -28,6 +28,26 @@ from hetero_replay.trees.base import describe_max_leaf, is_device_tree
 from hetero_replay.trees.numpy_tree import as_indices
 
 Normalise = Literal["global", "batch"]
+#: The IS-weight normalisations, as ``normalise=`` (and the SB3 buffers' ``weight_norm=``) name them.
+NORMALISE: tuple[Normalise, ...] = ("global", "batch")
+
+
+def check_normalise(value: Any, name: str = "normalise") -> Normalise:
+    """``value`` if it names an IS-weight normalisation (:data:`NORMALISE`), else ``ValueError`` naming ``name``."""
+    if not isinstance(value, str) or value not in NORMALISE:
+        raise ValueError(f"{name} must be 'global' or 'batch', got {value!r}")
+    return value
+
+
+def normalise_by_batch(weights: Any) -> Any:
+    """IS weights divided by their largest (``normalise="batch"``): the batch's largest weight is 1.
+
+    Their ratios, which correct PER's bias, are unchanged; so is the result whatever
+    scale ``weights`` came in (global normalisation is a common factor), which lets a
+    caller apply it to weights the engine normalised globally. A NumPy array or a
+    torch tensor, not empty.
+    """
+    return weights / weights.max()
 
 
 class PrioritySnapshot(NamedTuple):
@@ -304,9 +324,7 @@ class Priorities:
         any draw.
         """
         indices, weights = self.tree.sample(batch_size, rng, beta, self.stratified)
-        if normalise == "batch":
-            weights = weights / weights.max()
-        return indices, weights
+        return indices, normalise_by_batch(weights) if normalise == "batch" else weights
 
     def weights(self, indices: Any, beta: float | None = None, normalise: Normalise = "global") -> np.ndarray:
         """IS weights ``(p_min / p_i) ** beta`` of slots ``indices`` (float32), as :meth:`draw` gives them.
@@ -316,10 +334,9 @@ class Priorities:
         callers index stored slots only.
         """
         b = self._beta if beta is None else check_beta(beta)
-        if normalise not in ("global", "batch"):
-            raise ValueError(f"normalise must be 'global' or 'batch', got {normalise!r}")
+        check_normalise(normalise)
         weights = _native.is_weights(self.tree.get(indices), self.tree.min(), b)
-        return weights / weights.max() if normalise == "batch" and weights.size else weights
+        return normalise_by_batch(weights) if normalise == "batch" and weights.size else weights
 
     # -- state -------------------------------------------------------------------------
 

@@ -124,6 +124,20 @@ def test_n_steps_reach_both_variants_of_the_sb3_runner() -> None:
     assert buffers["uniform"].n_steps == buffers["per"].n_steps == 3
 
 
+def test_is_weight_study_variants_run_only_when_named_and_set_the_buffer() -> None:
+    """``per-batchnorm`` and ``per-eps1e-3`` (docs/is-weights.md) are ``per`` with one buffer option changed."""
+    from hetero_replay.apps.compare.sb3_runs import _make_model
+
+    assert [s.variant for s in driver.build_specs("sb3", "dqn", "CartPole-v1", 1000, seeds=[0])] == ["uniform", "per"]
+    variants = ["per", "per-batchnorm", "per-eps1e-3"]
+    specs = driver.build_specs("sb3", "sac", "Pendulum-v1", 1000, seeds=[0], variants=variants, staleness=[1])
+    assert [s.variant for s in specs] == variants and {s.staleness for s in specs} == {1}
+    buffers = {s.variant: _make_model(s).replay_buffer for s in specs}
+    assert [(b.weight_norm, b.replay.options.eps, b.staleness) for b in buffers.values()] == [
+        ("global", 1e-6, 1), ("batch", 1e-6, 1), ("global", 1e-3, 1),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("algo, stock", [("qrdqn", "QRDQN"), ("tqc", "TQC"), ("crossq", "CrossQ")])
 def test_sb3_contrib_algorithms_run_stock_against_per(algo: str, stock: str) -> None:
     pytest.importorskip("sb3_contrib")

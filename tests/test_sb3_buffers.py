@@ -266,11 +266,46 @@ def test_reset_empties_the_buffer() -> None:
         (dict(tree="no-such-backend"), "unknown tree backend"),
         (dict(fanout=3), "fanout"),
         (dict(optimize_memory_usage=True), "handle_timeout_termination"),
+        (dict(weight_norm="max"), "weight_norm must be 'global' or 'batch', got 'max'"),
+        (dict(weight_norm=True), "weight_norm must be 'global' or 'batch', got True"),
     ],
 )
 def test_bad_arguments_raise_clear_errors(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make(**kwargs)
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_weight_norm_batch_divides_by_the_batch_maximum(staleness: int) -> None:
+    """``weight_norm="batch"``: each batch's largest weight is 1, the ratios are the global rule's, and the draws
+    are the same (the same seed samples the same transitions); also through the relaxed pipeline."""
+    buffers = {norm: make(weight_norm=norm, staleness=staleness) for norm in ("global", "batch")}
+    for buf in buffers.values():
+        for row in range(40):
+            add_row(buf, row)
+        buf.update_priorities(np.arange(40), np.linspace(0.01, 4.0, 40))
+    assert buffers["batch"].weight_norm == "batch" and make().weight_norm == "global"
+    batch_means, glob_maxima = [], []
+    for _ in range(6):
+        glob, batch = (buffers[norm].sample(16) for norm in ("global", "batch"))
+        np.testing.assert_array_equal(glob.indices, batch.indices)
+        assert batch.weights.max().item() == 1.0
+        glob_maxima.append(glob.weights.max().item())
+        np.testing.assert_allclose(batch.weights.numpy(), (glob.weights / glob.weights.max()).numpy(), rtol=1e-6)
+        batch_means.append(batch.weights.mean().item())
+        for buf, s in zip(buffers.values(), (glob, batch)):
+            buf.update_priorities(s.indices, np.linspace(0.01, 4.0, 16))
+    assert min(glob_maxima) < 0.5  # the global rule's largest weight (the rarest slot's) was not drawn: they differ
+    # The logged mean weight is of the weights the learner got.
+    assert buffers["batch"].take_mean_weight() == pytest.approx(np.mean(batch_means), rel=1e-6)
+
+
+def test_a_refused_weight_norm_builds_nothing() -> None:
+    """The check runs before anything is built or drawn: NumPy's global generator (the seed source) is untouched."""
+    np.random.seed(5)
+    with pytest.raises(ValueError, match="weight_norm"):
+        PrioritizedReplayBuffer(8, OBS, ACT, device="cpu", weight_norm="Batch")
+    assert np.random.randint(2**31 - 1) == np.random.RandomState(5).randint(2**31 - 1)
 
 
 def test_per_options_come_from_peroptions() -> None:

@@ -96,7 +96,7 @@ def test_ddpg_pendulum_run_prioritizes_and_anneals() -> None:
 
 def test_runner_registers_stock_per_first() -> None:
     runner = runner_for("tianshou")
-    assert runner.variants == ("stock-per", "hetero-per", "uniform")
+    assert runner.variants[:3] == runner.defaults == ("stock-per", "hetero-per", "uniform")
     assert runner.algos == ("dqn", "ddpg", "td3", "sac")
     specs = driver.build_specs("tianshou", "dqn", "CartPole-v1", 1000, seeds=[0, 1], n_envs=4)
     assert [(s.variant, s.seed) for s in specs] == [
@@ -119,6 +119,19 @@ def test_runner_runs_each_variant(variant: str) -> None:
         assert "final_beta" not in result.extra
     else:  # beta annealed through the run (the last update sees 1 - 0.6 / updates)
         assert result.extra["final_beta"] > 0.9 and result.extra["max_priority"] > 0
+
+
+def test_is_weight_study_variants_set_the_buffer() -> None:
+    """The study's variants (docs/is-weights.md) run only when named, each ``hetero-per`` with one option changed."""
+    from hetero_replay.apps.compare.tianshou_runs import HYPERPARAMS, make_buffer
+
+    named = ["hetero-per", "hetero-per-batchnorm", "hetero-per-eps1e-3"]
+    specs = driver.build_specs("tianshou", "dqn", "CartPole-v1", 1000, seeds=[0], variants=named)
+    assert [s.variant for s in specs] == named
+    buffers = [make_buffer(v, HYPERPARAMS["dqn"], 2, seed=0) for v in named]
+    assert [(b._normalise, b.priorities.eps) for b in buffers] == [
+        ("global", 1e-6), ("batch", 1e-6), ("global", 1e-3),
+    ]  # fmt: skip
 
 
 def test_runner_rejects_unknown_variant_and_mismatched_env() -> None:

@@ -54,9 +54,12 @@ from hetero_replay import (
 from hetero_replay.extend import (
     OUTER,
     ForkSafeLock,
+    Normalise,
     check_bool,
     check_int,
+    check_normalise,
     check_seed,
+    normalise_by_batch,
     one_policy_placement,
     same_device,
 )
@@ -94,7 +97,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     Transition ``i`` is sampled with probability ``p_i^alpha / sum_k p_k^alpha``
     and comes with the importance-sampling weight ``(N P(i))^-beta``, normalised
-    by its maximum over the whole buffer. New transitions get the largest
+    by its maximum over the whole buffer (or over the batch: ``weight_norm``). New transitions get the largest
     priority seen so far; :meth:`update_priorities` sets ``p_i = |TD error| + eps``.
 
     With :class:`~hetero_replay.adapters.sb3.PERDQN` (and ``PERDDPG``, ``PERTD3``,
@@ -184,6 +187,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         compress: keep image observations (uint8, two dimensions or more) compressed, each distinct
             frame once: ``"zstd"`` or ``"lz4"``, or ``(name, level)``; ``storage="host"`` only.
             Shorthand for ``storage_options=dict(codec=compress, frames=True)`` (docs/compression.md).
+        weight_norm: what the IS weights are divided by: ``"global"`` (the default, PER's rule) their
+            maximum over the whole buffer, so a weight means the same in every batch; ``"batch"`` the
+            batch's largest, so each batch's largest weight is 1 (Tianshou's ``weight_norm=True``).
+            The ratios within a batch are the same either way; docs/is-weights.md says what the
+            scale does to learning (``train/per_mean_weight``).
 
     With device batches (storage on a device, or a learner off the CPU), the
     sampled tensors come from the core engine untouched, the ``indices`` are a
@@ -201,7 +209,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             :class:`DictPrioritizedReplayBuffer`'s), ``buffer_size`` or
             ``n_envs`` below 1, a negative ``seed``, a PER option out of range
             (as :class:`~hetero_replay.PEROptions` says), an unknown
-            ``tree``, ``optimize_memory_usage`` together with
+            ``tree``, a ``weight_norm`` other than ``"global"`` or ``"batch"``, ``optimize_memory_usage`` together with
             ``handle_timeout_termination``, a ``placement`` whose inference and
             train devices differ (SB3 acts and trains with one policy), or a
             ``tree`` or ``device`` that contradicts the placement.
@@ -235,10 +243,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         distributed: Any = None,
         rate_limiter: RateLimiter | None = None,
         compress: Any = None,
+        weight_norm: Normalise = "global",
     ) -> None:
         # The PER options are checked by PEROptions; these arguments are the
         # adapter's own (or would reach NumPy unnamed).
         check_int(buffer_size, "buffer_size", low=1)
+        #: What IS weights are divided by: the buffer's largest (``"global"``) or the batch's (``"batch"``).
+        self.weight_norm = check_normalise(weight_norm, "weight_norm")
         _check_distributed(distributed, optimize_memory_usage, placement, storage, rate_limiter)
         #: The staleness schedule's options (validated here, once).
         self.schedule_options = StalenessOptions(staleness, prefetch)
@@ -560,6 +571,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if self._staged_rows:
                 self._commit()
             batch = self._replay.sample(batch_size)
+            if self.weight_norm == "batch":  # every engine normalises globally: rescaling keeps the ratios exact
+                batch = batch._replace(weights=normalise_by_batch(batch.weights))
             data = self._batch_data(batch)
             self._count_sample(batch.weights)
             # Still under the lock: torch's conversions must not run on a daemon thread at interpreter exit

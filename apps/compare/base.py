@@ -68,6 +68,7 @@ class LibraryRunner:
     run: Runner
     relaxable: tuple[str, ...] = ()  # the variants that take a staleness (their PER buffers)
     n_step: bool = False  # whether its runs take n-step returns (RunSpec.n_steps > 1)
+    defaults: tuple[str, ...] = ()  # the variants run when none are named (empty: all)
 
 
 _RUNNERS: dict[str, LibraryRunner] = {}
@@ -80,10 +81,12 @@ def register_runner(
     run: Runner,
     relaxable: Sequence[str] = (),
     n_step: bool = False,
+    defaults: Sequence[str] = (),
 ) -> None:
     """Make ``lib`` available to ``hetero-replay compare --lib <lib>``; ``relaxable`` variants take ``--staleness``,
-    and with ``n_step`` every variant takes ``--n-steps``."""
-    _RUNNERS[lib] = LibraryRunner(lib, tuple(variants), tuple(algos), run, tuple(relaxable), n_step)
+    with ``n_step`` every variant takes ``--n-steps``, and ``defaults`` (default: all variants) run when
+    ``--variants`` names none (the others, e.g. a study's, only when named)."""
+    _RUNNERS[lib] = LibraryRunner(lib, tuple(variants), tuple(algos), run, tuple(relaxable), n_step, tuple(defaults))
 
 
 def runner_for(lib: str) -> LibraryRunner:

@@ -42,7 +42,7 @@ def build_specs(
         env_id: a gymnasium environment id.
         steps: environment steps per run.
         seeds: one run per variant for each seed.
-        variants: a subset of the runner's variants (default: all, baseline first).
+        variants: a subset of the runner's variants (default: its defaults, baseline first).
         n_envs: parallel environments per run.
         eval_every: environment steps between evaluations (default: ``steps // 10``).
         eval_episodes: episodes per evaluation.
@@ -59,7 +59,7 @@ def build_specs(
     runner = runner_for(lib)
     if algo not in runner.algos:
         raise ValueError(f"{lib} runs the algorithms {runner.algos}, not {algo!r}")
-    chosen = tuple(runner.variants) if variants is None else tuple(variants)
+    chosen = (runner.defaults or runner.variants) if variants is None else tuple(variants)
     unknown = [v for v in chosen if v not in runner.variants]
     if unknown or not chosen:
         raise ValueError(f"{lib} has the variants {runner.variants}; got {list(chosen)}")

@@ -10,6 +10,12 @@ Variants, baseline first:
   with the algorithm wrapped in :class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper`.
 * ``uniform`` — Tianshou's ``VectorReplayBuffer``.
 
+Run only when ``--variants`` names them (the IS-weight scale study, docs/is-weights.md):
+
+* ``hetero-per-batchnorm`` — ``hetero-per`` with IS weights divided by the batch maximum
+  (``weight_norm=True``, Tianshou's rule) instead of the buffer's;
+* ``hetero-per-eps1e-3`` — ``hetero-per`` with ``eps=1e-3`` instead of the default ``1e-6``.
+
 Both PER variants use alpha 0.6 and beta annealed linearly from 0.4 to 1 over
 the run. Every variant gets the same hyperparameters and algorithm: the
 standard setups of :mod:`hetero_replay.adapters.tianshou.workload`
@@ -46,7 +52,15 @@ from hetero_replay.adapters.tianshou.workload import standard_algorithm as make_
 from hetero_replay.apps.compare.base import RunResult, RunSpec, register_runner
 
 ALGOS = ("dqn", "ddpg", "td3", "sac")
-VARIANTS = ("stock-per", "hetero-per", "uniform")
+VARIANTS = ("stock-per", "hetero-per", "uniform", "hetero-per-batchnorm", "hetero-per-eps1e-3")
+#: Batches drawn after training to measure the final mean IS weight.
+FINAL_BATCHES = 16
+#: What each of our PER variants sets on :class:`~hetero_replay.adapters.tianshou.HeteroPrioritizedVectorReplayBuffer`.
+HETERO_OPTIONS: dict[str, dict[str, Any]] = {
+    "hetero-per": {},
+    "hetero-per-batchnorm": dict(weight_norm=True),
+    "hetero-per-eps1e-3": dict(eps=1e-3),
+}
 
 
 def make_buffer(variant: str, hp: Hyperparams, n_envs: int, seed: int) -> Any:
@@ -57,9 +71,9 @@ def make_buffer(variant: str, hp: Hyperparams, n_envs: int, seed: int) -> Any:
 
     if variant == "stock-per":
         return PrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=ALPHA, beta=BETA_START)
-    if variant == "hetero-per":
+    if variant in HETERO_OPTIONS:
         return HeteroPrioritizedVectorReplayBuffer(
-            hp.buffer_size, n_envs, alpha=ALPHA, beta=BETA_START, random_seed=seed
+            hp.buffer_size, n_envs, alpha=ALPHA, beta=BETA_START, random_seed=seed, **HETERO_OPTIONS[variant]
         )
     if variant == "uniform":
         return VectorReplayBuffer(hp.buffer_size, n_envs)
@@ -101,7 +115,7 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
     epoch_steps = _round_up(spec.eval_every, collect_steps)
     num_epochs = max(1, math.ceil(spec.steps / epoch_steps))
     num_updates = round(num_epochs * epoch_steps * hp.updates_per_step)
-    if spec.variant == "hetero-per":
+    if spec.variant in HETERO_OPTIONS:
         algorithm = PEROffPolicyWrapper(
             wrapped_algorithm=algorithm,
             beta=LinearBetaSchedule(BETA_START, BETA_END, max(1, num_updates)),
@@ -167,8 +181,12 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
         "warmup_steps": _round_up(hp.warmup_steps, spec.n_envs),
         "gradient_steps": num_updates,
     }
-    if spec.variant == "hetero-per":
+    if spec.variant in HETERO_OPTIONS:
         extra.update(final_beta=buffer.beta, max_priority=buffer.max_priority)
+        # The scale of the learner's last updates (docs/is-weights.md): the mean IS weight of a few fresh batches.
+        extra["final_mean_weight"] = float(
+            np.mean([buffer.sample(hp.batch_size)[0].weight for _ in range(FINAL_BATCHES)])
+        )
     elif spec.variant != "uniform":  # Tianshou's own buffer keeps them private
         extra.update(final_beta=float(buffer._beta), max_priority=float(buffer._max_prio))
     return RunResult(
@@ -181,4 +199,4 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
     )
 
 
-register_runner("tianshou", VARIANTS, ALGOS, run, relaxable=("hetero-per",))
+register_runner("tianshou", VARIANTS, ALGOS, run, relaxable=tuple(HETERO_OPTIONS), defaults=VARIANTS[:3])
