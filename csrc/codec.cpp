@@ -7,15 +7,21 @@
 // A record is [crc32 of the chunk, 4 bytes little-endian][Blosc2 chunk]. The CRC catches a damaged
 // record that would still decompress (a flipped literal byte); Blosc2 itself checks the chunk's
 // structure. Compression runs in the writer's process, decompression of a sampled batch on the
-// batch thread pool with the GIL released, one row per task (rows are independent chunks).
+// batch thread pool with the GIL released, one distinct record per task (records are independent chunks).
+//
+// Blosc2's chunk rather than LZ4's or Zstd's own block calls: the wheel ships no lz4.h or zstd.h, and
+// the chunk layer costs little on top of either codec's decode (an 84x84 MsPacman frame, one thread:
+// LZ4 1.8 us through Blosc2, 1.9-3.0 us as a bare LZ4 block; Zstd about 7 us either way).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <blosc2.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -30,18 +36,33 @@ namespace {
 constexpr size_t kCrcBytes = 4;
 
 // CRC-32 (IEEE 802.3, reflected, as zlib.crc32): records are checked against Python's value in tests.
+// Eight bytes a step through eight tables ("slicing-by-8"): a byte a step took three times as long as LZ4
+// took to decompress the frame the CRC guards (5.5 vs 1.8 us for a 2.5 KB MsPacman record); eight bytes
+// a step take about a fifth of that.
 uint32_t crc32(const uint8_t* data, size_t size) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
+  using Tables = std::array<std::array<uint32_t, 256>, 8>;
+  static const Tables tables = [] {
+    Tables t{};
     for (uint32_t i = 0; i < 256; ++i) {
       uint32_t c = i;
       for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
+      t[0][i] = c;
     }
+    for (size_t k = 1; k < 8; ++k)
+      for (size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
     return t;
   }();
   uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < size; ++i) c = table[(c ^ data[i]) & 0xFFu] ^ (c >> 8);
+  for (; size >= 8; data += 8, size -= 8) {
+    // Bytes in stream order, so the result does not depend on the machine's byte order.
+    const uint32_t lo =
+        c ^ (data[0] | uint32_t{data[1]} << 8 | uint32_t{data[2]} << 16 | uint32_t{data[3]} << 24);
+    const uint32_t hi = data[4] | uint32_t{data[5]} << 8 | uint32_t{data[6]} << 16 | uint32_t{data[7]} << 24;
+    c = tables[7][lo & 0xFFu] ^ tables[6][(lo >> 8) & 0xFFu] ^ tables[5][(lo >> 16) & 0xFFu] ^
+        tables[4][lo >> 24] ^ tables[3][hi & 0xFFu] ^ tables[2][(hi >> 8) & 0xFFu] ^
+        tables[1][(hi >> 16) & 0xFFu] ^ tables[0][hi >> 24];
+  }
+  for (; size > 0; ++data, --size) c = tables[0][(c ^ *data) & 0xFFu] ^ (c >> 8);
   return c ^ 0xFFFFFFFFu;
 }
 
@@ -126,9 +147,24 @@ py::list compress_rows(const RowArray& rows, const std::string& codec, int level
   return records;
 }
 
+// One record checked (CRC, chunk structure, size) and decompressed into row (row_bytes); false if damaged.
+bool decompress_record(const uint8_t* data, size_t size, uint8_t* row, int64_t row_bytes) {
+  if (size <= kCrcBytes) return false;
+  uint32_t stored = 0;
+  for (size_t b = 0; b < kCrcBytes; ++b) stored |= static_cast<uint32_t>(data[b]) << (8 * b);
+  if (stored != crc32(data + kCrcBytes, size - kCrcBytes)) return false;
+  int32_t nbytes = 0, cbytes = 0, blocksize = 0;
+  return blosc2_cbuffer_sizes(data + kCrcBytes, &nbytes, &cbytes, &blocksize) >= 0 && nbytes == row_bytes &&
+         static_cast<size_t>(cbytes) == size - kCrcBytes &&
+         blosc2_decompress_ctx(decompression_context(), data + kCrcBytes,
+                               static_cast<int32_t>(size - kCrcBytes), row,
+                               static_cast<int32_t>(row_bytes)) == row_bytes;
+}
+
 // records[indices[i]] decompressed into out[i]; returns the positions i whose record is damaged
 // (its CRC or its chunk does not check out). A record that is None, or index -1, is a row never
-// written: zeros.
+// written: zeros. Each distinct index is decompressed once, into its first position, and copied to the
+// others: a batch of stacked frames names most frames twice or more (obs and next_obs share three).
 py::list decompress_rows(const py::list& records, const py::array_t<int64_t, py::array::c_style>& indices,
                          py::array_t<uint8_t, py::array::c_style>& out) {
   const int64_t n = indices.size();
@@ -137,49 +173,49 @@ py::list decompress_rows(const py::list& records, const py::array_t<int64_t, py:
   const int64_t row_bytes = out.shape(1);
   const int64_t* idx = indices.data();
   const int64_t count = static_cast<int64_t>(records.size());
-  std::vector<py::object> held(static_cast<size_t>(n));  // references kept while the GIL is released
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < n; ++i)
     if (idx[i] < -1 || idx[i] >= count)
       throw py::index_error("decompress_rows: index " + std::to_string(idx[i]) + " out of range");
+  // Positions grouped by index: group g is order[first[g]], ..., order[first[g + 1] - 1].
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [idx](int64_t a, int64_t b) { return idx[a] < idx[b]; });
+  std::vector<int64_t> first;
+  std::vector<py::object> held;  // each group's record, referenced while the GIL is released
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t i = order[static_cast<size_t>(k)];
+    if (k > 0 && idx[i] == idx[order[static_cast<size_t>(k - 1)]]) continue;
     py::object rec = idx[i] == -1 ? py::none() : py::object(records[static_cast<size_t>(idx[i])]);
     if (!rec.is_none() && !PyBytes_Check(rec.ptr()))
       throw py::type_error("decompress_rows: records must be bytes");
-    held[static_cast<size_t>(i)] = std::move(rec);
+    first.push_back(k);
+    held.push_back(std::move(rec));
   }
+  first.push_back(n);
   uint8_t* dst = out.mutable_data();
-  std::vector<char> damaged(static_cast<size_t>(n), 0);
+  std::vector<char> damaged(held.size(), 0);
   {
     ReleasedGil nogil;
-    parallel_for(n, TaskPool::instance().threads(), [&](int64_t i) {
-      uint8_t* row = dst + i * row_bytes;
-      PyObject* rec = held[static_cast<size_t>(i)].ptr();
-      if (rec == Py_None) {
-        std::memset(row, 0, static_cast<size_t>(row_bytes));
-        return;
-      }
-      const auto* data = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(rec));
-      const auto size = static_cast<size_t>(PyBytes_GET_SIZE(rec));
-      bool ok = size > kCrcBytes;
-      if (ok) {
-        uint32_t stored = 0;
-        for (size_t b = 0; b < kCrcBytes; ++b) stored |= static_cast<uint32_t>(data[b]) << (8 * b);
-        ok = stored == crc32(data + kCrcBytes, size - kCrcBytes);
-      }
-      if (ok) {
-        int32_t nbytes = 0, cbytes = 0, blocksize = 0;
-        ok = blosc2_cbuffer_sizes(data + kCrcBytes, &nbytes, &cbytes, &blocksize) >= 0 &&
-             nbytes == row_bytes && static_cast<size_t>(cbytes) == size - kCrcBytes &&
-             blosc2_decompress_ctx(decompression_context(), data + kCrcBytes,
-                                   static_cast<int32_t>(size - kCrcBytes), row,
-                                   static_cast<int32_t>(row_bytes)) == row_bytes;
-      }
-      damaged[static_cast<size_t>(i)] = !ok;
+    parallel_for(static_cast<int64_t>(held.size()), TaskPool::instance().threads(), [&](int64_t g) {
+      const auto group = static_cast<size_t>(g);
+      uint8_t* row = dst + order[static_cast<size_t>(first[group])] * row_bytes;
+      PyObject* rec = held[group].ptr();
+      if (rec == Py_None) std::memset(row, 0, static_cast<size_t>(row_bytes));
+      else
+        damaged[group] = !decompress_record(reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(rec)),
+                                            static_cast<size_t>(PyBytes_GET_SIZE(rec)), row, row_bytes);
+      for (int64_t k = first[group] + 1; k < first[group + 1]; ++k)
+        std::memcpy(dst + order[static_cast<size_t>(k)] * row_bytes, row, static_cast<size_t>(row_bytes));
     });
   }
-  py::list bad;
-  for (int64_t i = 0; i < n; ++i)
-    if (damaged[static_cast<size_t>(i)]) bad.append(i);
-  return bad;
+  std::vector<int64_t> bad;
+  for (size_t g = 0; g < held.size(); ++g)
+    if (damaged[g])
+      for (int64_t k = first[g]; k < first[g + 1]; ++k) bad.push_back(order[static_cast<size_t>(k)]);
+  std::sort(bad.begin(), bad.end());
+  py::list result;
+  for (int64_t i : bad) result.append(i);
+  return result;
 }
 
 }  // namespace
@@ -191,8 +227,9 @@ void register_codec(py::module_& m) {
         "a list of n records, each [crc32 of the chunk, 4 bytes LE][Blosc2 chunk]. Threads, GIL released.");
   m.def("decompress_rows", &decompress_rows, py::arg("records"), py::arg("indices"), py::arg("out"),
         "``records[indices[i]]`` decompressed into ``out[i]`` (a (n, row bytes) uint8 array) on the batch\n"
-        "threads with the GIL released; None records and index -1 give zeros. Returns the positions i whose "
-        "record is\n"
-        "damaged (CRC, chunk structure or size wrong); their rows in ``out`` are undefined.");
+        "threads with the GIL released, each distinct index once (copied to its other positions); None "
+        "records\n"
+        "and index -1 give zeros. Returns the positions i whose record is damaged (CRC, chunk structure or\n"
+        "size wrong), ascending; their rows in ``out`` are undefined.");
   m.attr("BLOSC2_VERSION") = BLOSC2_VERSION_STRING;
 }

@@ -8,6 +8,7 @@ frames live rows reference (nothing leaks, nothing is freed early).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -132,3 +133,28 @@ def test_budget_and_damage_with_frames(frames):
     np.testing.assert_array_equal(
         storage.gather(np.array(clean), fields=["next_obs"])["next_obs"], data["next_obs"][clean]
     )
+
+
+def test_fields_of_different_shapes_share_one_pool(frames):
+    schema = {**SCHEMA, "goal": ((84, 84), "uint8")}
+    data = stream(frames, np.random.default_rng(7), 30)
+    data["goal"] = data["next_obs"][:, -1].copy()  # frames the stacks hold too
+    storage = HostStorage(32, schema, codec="lz4", frames=True)
+    storage.write(0, storage.validate(data)[1])
+    indices = np.random.default_rng(8).integers(0, 30, 64)
+    got = storage.gather(indices)
+    for name in schema:
+        np.testing.assert_array_equal(got[name], data[name][indices])
+    pool = storage.compressed.pool
+    slot = int(pool._slot_of_row["goal"][5, 0])
+    rec = bytearray(pool._records[slot])
+    rec[-2] ^= 0x40
+    pool._records[slot] = bytes(rec)
+    rows = np.arange(30)
+    for name in ("goal", "next_obs"):
+        holding = [int(r) for r in rows if slot in pool._slot_of_row[name][r]]
+        assert 5 in holding
+        with pytest.raises(
+            DamagedRecordError, match=re.escape(f"field '{name}': the compressed records of slots {holding} are")
+        ):
+            storage.gather(rows, fields=[name, "obs"])

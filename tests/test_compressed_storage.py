@@ -188,6 +188,26 @@ def test_record_format_is_crc32_then_a_blosc2_chunk(transitions):
         np.testing.assert_array_equal(out, frames[[2, 0, 1]])
 
 
+def test_repeated_indices_are_served_once_and_every_position_of_a_damaged_record_is_reported(transitions):
+    flat = transitions["obs"].reshape(-1)
+    for size in (1, 7, 9, 1003):  # the CRC takes 8 bytes a step: every tail length, and none
+        rows = flat[: 5 * size].reshape(5, size)
+        records = compress_rows(rows, "lz4", 1)
+        assert all(int.from_bytes(rec[:4], "little") == zlib.crc32(rec[4:]) for rec in records)
+        records[3] = None  # a row never written
+        rec = bytearray(records[2])
+        rec[-1] ^= 0x01
+        records[2] = bytes(rec)
+        indices = np.array([2, 0, 2, -1, 3, 2, 0, 1, 4, 4])
+        out = np.full((len(indices), size), 7, np.uint8)
+        assert decompress_rows(records, indices, out) == [0, 2, 5]
+        for i, index in enumerate(indices):
+            if index in (0, 1, 4):
+                np.testing.assert_array_equal(out[i], rows[index])
+            elif index in (-1, 3):
+                assert not out[i].any()
+
+
 def test_compressed_fields_have_no_live_view_and_no_native_executor(transitions):
     buf = PrioritizedReplay(8, SCHEMA, storage_options={"codec": {"obs": "lz4"}})
     with pytest.raises(NotImplementedError, match=r"field 'obs' is compressed"):

@@ -188,17 +188,18 @@ class CompressedFields:
         Raises:
             DamagedRecordError: a record fails its CRC or its decompression (naming field and slots).
         """
-        out = {}
+        out, damaged = {}, {}
+        pooled = [n for n in names if n not in self._records]
+        if pooled:
+            out, damaged = self.pool.gather(indices, pooled)  # type: ignore[union-attr]
         for name in names:
-            if name not in self._records:
-                out[name], slots = self.pool.gather(indices, name)  # type: ignore[union-attr]
-            else:
+            if name in self._records:
                 field = self._fields[name]
                 out[name] = np.empty((len(indices), *field.shape), field.dtype)
                 bad = decompress_rows(self._records[name], indices, out[name].reshape(len(indices), -1).view(np.uint8))
-                slots = sorted({int(indices[i]) for i in bad})
-            if slots:
-                raise DamagedRecordError(f"field {name!r}: the compressed records of slots {slots} are damaged")
+                damaged[name] = sorted({int(indices[i]) for i in bad})
+            if damaged[name]:
+                raise DamagedRecordError(f"field {name!r}: the compressed records of slots {damaged[name]} are damaged")
         return out
 
     def _slots(self, start: int, rows: int) -> range | list[int]:

@@ -117,24 +117,28 @@ class FramePool:
             table[rows] = new
         self.bytes_used += plan.added
 
-    def gather(self, indices: np.ndarray, name: str) -> tuple[np.ndarray, list[int]]:
-        """Rows at ``indices`` of field ``name`` rebuilt from their frames, and the rows whose frames are damaged."""
-        field = self._fields[name]
-        slots = self._slot_of_row[name][indices]
-        out = np.empty((len(indices), *field.shape), field.dtype)
-        unique, where = np.unique(slots, return_inverse=True)
-        if len(unique) > 0.75 * slots.size:  # few shared frames: decompress into the batch, no copy
-            flat = slots.ravel()
-            bad = {
-                int(flat[i]) for i in decompress_rows(self._records, flat, out.reshape(flat.size, -1).view(np.uint8))
-            }
-        else:  # rows of one stretch share most frames: each distinct one once, then copied where it goes
-            frames = np.empty((len(unique), self._plane[name]), np.uint8)
-            bad = {int(unique[i]) for i in decompress_rows(self._records, unique, frames)}
-            out.reshape(slots.size, -1).view(np.uint8)[:] = frames[where.reshape(-1)]
-        if not bad:
-            return out, []
-        return out, sorted({int(indices[r]) for r, row in enumerate(slots) if bad.intersection(row.tolist())})
+    def gather(self, indices: np.ndarray, names: Sequence[str]) -> tuple[dict[str, np.ndarray], dict[str, list[int]]]:
+        """Rows at ``indices`` of the pooled fields ``names`` rebuilt from their frames, and per field the
+        slots (of ``indices``) whose frames are damaged.
+
+        One native call for all of them: each distinct frame of the batch is decompressed once (a row's
+        ``obs`` and ``next_obs`` share three), straight into the batch, and copied to its other places.
+        """
+        out: dict[str, np.ndarray] = {}
+        damaged: dict[str, list[int]] = {}
+        for like in dict.fromkeys(self._fields[n] for n in names):  # fields alike (shape, dtype) share one call
+            group = [n for n in names if self._fields[n] == like]
+            slots = np.stack([self._slot_of_row[n][indices] for n in group])  # (fields, rows, frames per row)
+            # The fields are views of one block, each C-contiguous: the native call fills them all at once.
+            block = np.empty((len(group), len(indices), *like.shape), like.dtype)
+            flat = slots.reshape(-1)
+            bad = np.asarray(
+                decompress_rows(self._records, flat, block.reshape(flat.size, -1).view(np.uint8)), np.int64
+            )
+            fields, rows, _ = np.unravel_index(bad, slots.shape)
+            out.update(zip(group, block))
+            damaged.update({n: sorted({int(indices[r]) for r in rows[fields == k]}) for k, n in enumerate(group)})
+        return out, damaged
 
     def _freed_by(self, plan: FramePlan) -> list[int]:
         """Frame slots a plan's overwrites would leave unreferenced."""
