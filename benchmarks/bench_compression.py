@@ -1,6 +1,7 @@
 """Compressed replay on real Atari frames: bytes per transition and the learner's step rate.
 
     python benchmarks/bench_compression.py [--steps 2500] [--repeats 5] [--out benchmarks/results/compression.json]
+    python benchmarks/bench_compression.py --decode-only   # per frame: decode and digest times
 
 For each game (Pong, Breakout, MsPacman, Qbert; ale-py, 84x84 gray, 4-frame stacks, a random policy,
 see ``atari_frames.py``) the same transitions (obs and next_obs stacks, action, reward, done) go into:
@@ -164,11 +165,11 @@ def step_rates(data: dict[str, np.ndarray], repeats: int) -> dict[str, dict[str,
 
 
 def decode_us(repeats: int) -> dict[str, dict[str, float]]:
-    """Per frame: microseconds to decompress 256 random MsPacman frames in one call, and bytes a frame."""
+    """Per frame: microseconds to decompress 256 distinct random MsPacman frames in one call, and bytes a frame."""
     from hetero_replay._native import compress_rows, decompress_rows
 
     frames = play("MsPacman", 600, seed=0)[0].reshape(-1, 84 * 84)
-    idx = np.random.default_rng(0).integers(0, len(frames), 256)
+    idx = np.random.default_rng(0).permutation(len(frames))[:256]  # distinct: each frame decoded (none copied)
     out = np.empty((256, 84 * 84), np.uint8)
     result = {}
     for codec, level in [("lz4", 1), ("lz4", 5), ("zstd", 1), ("zstd", 3)]:
@@ -191,15 +192,37 @@ def decode_us(repeats: int) -> dict[str, dict[str, float]]:
     return result
 
 
+def hash_us(repeats: int) -> dict[str, float]:
+    """Per frame: microseconds to take a 128-bit digest of 256 MsPacman frames (what ``frames`` does on add)."""
+    import hashlib
+
+    frames = [f.data for f in play("MsPacman", 255, seed=0)[0].reshape(-1, 84 * 84)]
+    digests = {
+        "sha256[:16] (ours)": lambda b: hashlib.sha256(b).digest()[:16],
+        "blake2b-16 (before)": lambda b: hashlib.blake2b(b, digest_size=16).digest(),
+    }
+    times: dict[str, list[float]] = {name: [] for name in digests}
+    for _ in range(repeats):  # interleaved
+        for name, digest in digests.items():
+            t = time.perf_counter()
+            for f in frames:
+                digest(f)
+            times[name].append((time.perf_counter() - t) / len(frames) * 1e6)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=2500, help="transitions per game")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/compression.json")
-    parser.add_argument("--decode-only", action="store_true", help="only the per-frame decode times (json on stdout)")
+    parser.add_argument(
+        "--decode-only", action="store_true", help="only the per-frame decode and hash times (json on stdout)"
+    )
     args = parser.parse_args()
     if args.decode_only:
-        print(json.dumps({"command": "python " + " ".join(sys.argv), "decode": decode_us(31)}, indent=1))
+        report = {"command": "python " + " ".join(sys.argv), "decode": decode_us(31), "hash_us_per_frame": hash_us(31)}
+        print(json.dumps(report, indent=1))
         return
     import torch
 

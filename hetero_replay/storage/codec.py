@@ -3,7 +3,7 @@
 A storage given ``codec=`` keeps the chosen fields out of its fixed-size rows
 and in :class:`CompressedFields` instead: each row of such a field is one
 record of C-Blosc2 (LZ4 or Zstd, linked into the native module, see
-``csrc/codec.cpp``) with a CRC-32, so rows differ in size. Rows are compressed
+``csrc/codec.cpp``) with a CRC-32C, so rows differ in size. Rows are compressed
 by the process that writes them, on ``write``, and decompressed in the gather
 on the native thread pool with the GIL released. Why this library and these
 defaults: ``docs/compression.md``.

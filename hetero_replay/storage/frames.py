@@ -6,7 +6,7 @@ the next row's ``obs``: stored as they come, each frame is kept eight times.
 A :class:`FramePool` splits such fields into *frames* (the field's last two
 dimensions; the leading ones are flattened) and keeps each distinct frame once,
 as one compressed record, referenced by the rows that hold it. Frames are found
-by content (a 128-bit BLAKE2b digest), so nothing needs to know where episodes
+by content (SHA-256 cut to 128 bits), so nothing needs to know where episodes
 start or end, how many environments write interleaved, or how the ring wraps:
 a frame lives while a row references it and is freed when the last such row is
 overwritten. Rows are rebuilt on gather by decompressing their frames into the
@@ -15,6 +15,10 @@ batch (native threads, no GIL), bit for bit as written.
 The digest stands for the frame's bytes, as in content-addressed stores: two
 different frames with the same 128-bit digest would be taken for one. The odds
 are about ``n**2 / 2**129`` for ``n`` distinct frames (1e-26 for a billion).
+SHA-256 rather than BLAKE2b: most CPUs now compute it in hardware (x86's SHA
+extensions, ARMv8's crypto extensions, both used by OpenSSL behind ``hashlib``),
+and hashing every written frame was the largest cost of ``add``: an 84x84 frame
+took 4.3 us against 8.0 us with BLAKE2b here (benchmarks/results/compression.md).
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ class FramePool:
             if name not in arrays:
                 continue
             frames = np.ascontiguousarray(arrays[name]).reshape(-1, self._plane[name]).view(np.uint8)
-            digests = [hashlib.blake2b(f.data, digest_size=DIGEST_BYTES).digest() for f in frames]
+            digests = [hashlib.sha256(f.data).digest()[:DIGEST_BYTES] for f in frames]
             fresh: dict[bytes, np.ndarray] = {}  # frames of different sizes never share a digest
             for d, f in zip(digests, frames):
                 if d not in self._slot and d not in plan.new and d not in fresh:
