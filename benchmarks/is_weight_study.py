@@ -7,7 +7,9 @@ Per task and variant: the interquartile mean of the runs' area under the evaluat
 mean return over training) and of their final return, with 95% stratified-bootstrap CIs
 (:mod:`compare_iqm`), and the median of the runs' final mean IS weight (``extra["final_mean_weight"]``:
 the mean weight of 16 batches drawn after training, the scale of the last updates). Variants are
-named by their rule (``global``, ``batch``, ``eps1e-3``) across libraries.
+named by their rule (``global``, ``batch``, ``eps1e-3``) across libraries. Runs of one seed share
+their env seeds and network initialisation, so each rule is also compared with ``global`` seed by
+seed: the mean AUC difference with a 95% percentile-bootstrap CI, and the seeds it wins.
 
 Run (after the compare runs; the commands are in benchmarks/results/is-weights/README.md):
     python benchmarks/is_weight_study.py out/is-weights/sb3-dqn-CartPole-v1 ... --out benchmarks/results/is-weights
@@ -29,6 +31,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_iqm import estimates  # noqa: E402
 
+from hetero_replay.apps.compare.report import auc  # noqa: E402
+
 #: The study's variant names of both runners, by the rule they test.
 RULES = {
     "per": "global",
@@ -39,6 +43,7 @@ RULES = {
     "hetero-per-eps1e-3": "eps1e-3",
 }
 ORDER = ("global", "batch", "eps1e-3")
+PAIRED_BOOTSTRAP_REPS = 10_000
 
 
 def task_name(runs: Sequence[dict]) -> str:
@@ -53,6 +58,7 @@ def summarize(folder: str) -> dict[str, Any]:
     with open(os.path.join(folder, "results.json")) as f:
         runs = [r for r in json.load(f)["runs"] if r["spec"]["variant"] in RULES]
     table = estimates(runs)
+    aucs = {(r["spec"]["variant"], r["spec"]["seed"]): auc(r["eval_steps"], r["eval_returns"]) for r in runs}
     variants = {}
     for variant, est in table.items():
         mine = [r for r in runs if r["spec"]["variant"] == variant]
@@ -63,7 +69,22 @@ def summarize(folder: str) -> dict[str, Any]:
             **{name: vars(e) for name, e in est.items()},
             "final_mean_weight": float(np.median(weights)) if weights else None,
         }
+    base = next(v for v in table if RULES[v] == "global")
+    for variant in table:
+        if variant != base:
+            variants[RULES[variant]]["paired"] = paired(aucs, base, variant)
     return {"task": task_name(runs), "folder": os.path.basename(os.path.normpath(folder)), "variants": variants}
+
+
+def paired(aucs: dict[tuple[str, int], float], base: str, variant: str) -> dict[str, Any]:
+    """``variant``'s AUC minus ``base``'s over the seeds both ran: mean, 95% bootstrap CI, seeds won."""
+    seeds = sorted(s for v, s in aucs if v == variant and (base, s) in aucs)
+    diff = np.array([aucs[variant, s] - aucs[base, s] for s in seeds])
+    rng = np.random.default_rng(0)
+    means = diff[rng.integers(0, len(diff), (PAIRED_BOOTSTRAP_REPS, len(diff)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"mean": float(diff.mean()), "low": float(low), "high": float(high), "wins": int((diff > 0).sum()),
+            "seeds": len(seeds)}  # fmt: skip
 
 
 def verdict(task: dict[str, Any]) -> str:
@@ -73,14 +94,18 @@ def verdict(task: dict[str, Any]) -> str:
     for rule in ORDER[1:]:
         if rule not in task["variants"]:
             continue
-        est = task["variants"][rule]["auc"]
+        est, d = task["variants"][rule]["auc"], task["variants"][rule]["paired"]
         if est["low"] > base["high"]:
-            words.append(f"{rule} better")
+            word = "better"
         elif est["high"] < base["low"]:
-            words.append(f"{rule} worse")
+            word = "worse"
         else:
-            words.append(f"{rule} ~ global")
-    return ", ".join(words)
+            word = "~ global (IQM CIs overlap)"
+        words.append(
+            f"{rule} {word}; paired AUC difference {d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}], "
+            f"wins {d['wins']}/{d['seeds']} seeds"
+        )
+    return "; ".join(words)
 
 
 def format_markdown(tasks: Sequence[dict[str, Any]]) -> str:
