@@ -158,3 +158,16 @@ def test_fields_of_different_shapes_share_one_pool(frames):
             DamagedRecordError, match=re.escape(f"field '{name}': the compressed records of slots {holding} are")
         ):
             storage.gather(rows, fields=[name, "obs"])
+
+
+def test_a_frame_moving_to_another_field_on_a_rewrite_is_kept():
+    schema = {"obs": ((4, 84, 84), "uint8"), "next_obs": ((4, 84, 84), "uint8")}
+    a, b, c = (np.full((1, 4, 84, 84), value, np.uint8) for value in (1, 2, 3))
+    storage = HostStorage(1, schema, codec="lz4", frames=True)
+    storage.write(0, {"obs": a, "next_obs": b})
+    storage.write(0, {"obs": c, "next_obs": a})  # frame a: held only by the overwritten obs, now by next_obs
+    got = storage.gather(np.array([0]))
+    np.testing.assert_array_equal(got["obs"], c)
+    np.testing.assert_array_equal(got["next_obs"], a)
+    pool = storage.compressed.pool
+    assert pool.frames == 2 and referenced(storage) == set(pool._slot.values())  # b freed, a and c held

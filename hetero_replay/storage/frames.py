@@ -106,14 +106,18 @@ class FramePool:
                 self._refs.append(0)
             self._records[slot], self._digests[slot], self._refs[slot] = record, digest, 0
             self._slot[digest] = slot
+        # Every field's new references before any old one is dropped: a frame may move between fields
+        # (a rewritten row's next_obs holding what only an overwritten row's obs held) and must not be
+        # freed on the way.
+        tables = []
         for name, digests in plan.ids.items():
-            table = self._slot_of_row[name]
             rows = _slots(plan.start, len(digests) // self._per_row[name], self.capacity)
             new = np.array([self._slot[d] for d in digests], np.int64).reshape(len(rows), -1)
-            old = table[rows]
             for s in new.ravel():
                 self._refs[s] += 1
-            for s in old.ravel():
+            tables.append((self._slot_of_row[name], rows, new))
+        for table, rows, new in tables:
+            for s in table[rows].ravel():
                 if s >= 0:
                     self._refs[s] -= 1
                     if self._refs[s] == 0:
