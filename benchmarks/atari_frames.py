@@ -13,6 +13,14 @@ import numpy as np
 
 GAMES = ("Pong", "Breakout", "MsPacman", "Qbert")
 TEST_DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "atari_frames.npz"
+#: A DQN/Atari transition of 4-frame 84x84 stacks: what the compression tests and benchmark store.
+SCHEMA = {
+    "obs": ((4, 84, 84), "uint8"),
+    "action": ((), "int64"),
+    "reward": ((), "float32"),
+    "next_obs": ((4, 84, 84), "uint8"),
+    "done": ((), "float32"),
+}
 
 
 def play(game: str, steps: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

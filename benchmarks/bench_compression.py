@@ -40,17 +40,10 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from atari_frames import GAMES, play, stacks  # noqa: E402
+from atari_frames import GAMES, SCHEMA, play, stacks  # noqa: E402
 
 from hetero_replay import PrioritizedReplay  # noqa: E402
 
-SCHEMA = {
-    "obs": ((4, 84, 84), "uint8"),
-    "action": ((), "int64"),
-    "reward": ((), "float32"),
-    "next_obs": ((4, 84, 84), "uint8"),
-    "done": ((), "float32"),
-}
 RAW_BYTES = 2 * 4 * 84 * 84 + 8 + 4 + 4
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "raw": None,

@@ -24,15 +24,7 @@ from hetero_replay.storage.codec import (
 from hetero_replay.storage.schema import Schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from atari_frames import TEST_DATA, stacks  # noqa: E402
-
-SCHEMA = {
-    "obs": ((4, 84, 84), "uint8"),
-    "action": ((), "int64"),
-    "reward": ((), "float32"),
-    "next_obs": ((4, 84, 84), "uint8"),
-    "done": ((), "float32"),
-}
+from atari_frames import SCHEMA, TEST_DATA, stacks  # noqa: E402
 
 
 @pytest.fixture(scope="module")
