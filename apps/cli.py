@@ -127,7 +127,9 @@ def advise(args: argparse.Namespace) -> int:
 def _compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lib", default="sb3", help="host library: sb3 or tianshou")
     p.add_argument(
-        "--algo", default="dqn", help="dqn, ddpg, td3, sac; with sb3 also qrdqn, tqc, crossq (the contrib extra)"
+        "--algo",
+        default="dqn",
+        help="dqn, ddpg, td3, sac; with sb3 also qrdqn, tqc, crossq (the contrib extra), with tianshou also rainbow",
     )
     p.add_argument("--env", default="CartPole-v1", help="gymnasium environment id")
     p.add_argument("--steps", type=int, default=50_000, help="environment steps per run")

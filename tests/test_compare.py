@@ -148,6 +148,37 @@ def test_sb3_contrib_algorithms_run_stock_against_per(algo: str, stock: str) -> 
     assert per.__name__ == f"PER{stock}" and issubclass(per, uniform)
 
 
+def test_tianshou_rainbow_runs_with_and_without_per() -> None:
+    """The Rainbow runs train Tianshou's RainbowDQN (3-step, noisy dueling C51) on each variant's buffer."""
+    pytest.importorskip("tianshou")
+    from tianshou.algorithm import RainbowDQN
+    from tianshou.data import PrioritizedVectorReplayBuffer, VectorReplayBuffer
+
+    from hetero_replay.adapters.tianshou import HeteroPrioritizedVectorReplayBuffer
+    from hetero_replay.adapters.tianshou.workload import STANDARD_HYPERPARAMS, standard_algorithm
+    from hetero_replay.apps.compare.base import runner_for
+    from hetero_replay.apps.compare.tianshou_runs import make_buffer
+
+    hp = STANDARD_HYPERPARAMS["rainbow"]
+    import gymnasium as gym
+
+    rainbow = standard_algorithm("rainbow", gym.make("CartPole-v1"), hp)
+    assert type(rainbow) is RainbowDQN and rainbow.n_step == 3
+    with pytest.raises(ValueError, match="rainbow needs a discrete action space"):
+        standard_algorithm("rainbow", gym.make("Pendulum-v1"), hp)
+    buffers = {v: make_buffer(v, hp, 2, 0) for v in ("uniform", "stock-per", "hetero-per-batchnorm")}
+    assert type(buffers["uniform"]) is VectorReplayBuffer
+    assert type(buffers["stock-per"]) is PrioritizedVectorReplayBuffer and buffers["stock-per"]._weight_norm
+    assert isinstance(buffers["hetero-per-batchnorm"], HeteroPrioritizedVectorReplayBuffer)
+    assert buffers["hetero-per-batchnorm"]._weight_norm
+
+    spec = RunSpec("tianshou", "rainbow", "CartPole-v1", "hetero-per-batchnorm", seed=0, steps=160, eval_every=80,
+                   eval_episodes=2, n_envs=2)  # fmt: skip
+    run = runner_for("tianshou").run(spec, lambda n: None)
+    assert run.eval_steps == [0, 80, 160] and run.extra["gradient_steps"] == 20  # one per 8 env steps
+    assert 0.4 < run.extra["final_beta"] <= 1.0
+
+
 def test_cli_compare_end_to_end(tmp_path, capsys) -> None:
     out = tmp_path / "cmp"
     code = main(["compare", "--lib", "sb3", "--algo", "dqn", "--env", "CartPole-v1", "--steps", "400",

@@ -130,14 +130,35 @@ STANDARD_HYPERPARAMS: dict[str, Hyperparams] = {
     "ddpg": Hyperparams(buffer_size=20_000, collect_per_env=1, updates_per_step=1.0, extra=dict(noise=0.1)),
     "td3": Hyperparams(buffer_size=20_000, collect_per_env=1, updates_per_step=1.0, extra=dict(noise=0.1)),
     "sac": Hyperparams(buffer_size=20_000, collect_per_env=1, updates_per_step=1.0, extra=dict(alpha=0.2)),
+    # Tianshou's own Rainbow test setup (test/discrete/test_rainbow.py): dueling net with noisy heads, 51 atoms,
+    # 3-step returns, one gradient step per 8 env steps, epsilon 0.1 -> 0.05 over the first half (noisy nets explore).
+    "rainbow": Hyperparams(
+        hidden_sizes=(128, 128, 128, 128),
+        gamma=0.9,
+        buffer_size=20_000,
+        warmup_steps=512,
+        collect_per_env=1,
+        updates_per_step=0.125,
+        extra=dict(
+            target_update_freq=320,
+            eps_start=0.1,
+            eps_final=0.05,
+            eps_fraction=0.5,
+            num_atoms=51,
+            v_min=-10.0,
+            v_max=10.0,
+            n_step=3,
+            noisy_std=0.1,
+        ),
+    ),  # fmt: skip
 }
 
 
 def standard_algorithm(algo: str, env: Any, hp: Hyperparams) -> OffPolicyAlgorithm:
-    """A stock Tianshou ``algo`` (DQN, DDPG, TD3 or SAC) for ``env``'s spaces.
+    """A stock Tianshou ``algo`` (DQN, DDPG, TD3, SAC or Rainbow) for ``env``'s spaces.
 
     Raises:
-        ValueError: the action space does not suit ``algo`` (DQN needs a discrete one,
+        ValueError: the action space does not suit ``algo`` (DQN and Rainbow need a discrete one,
             the others a continuous one).
     """
     from gymnasium import spaces
@@ -157,9 +178,11 @@ def standard_algorithm(algo: str, env: Any, hp: Hyperparams) -> OffPolicyAlgorit
 
     obs_shape = env.observation_space.shape
     optim = AdamOptimizerFactory(lr=hp.lr)
+    if algo in ("dqn", "rainbow") and not isinstance(env.action_space, spaces.Discrete):
+        raise ValueError(f"{algo} needs a discrete action space, got {env.action_space}")
+    if algo == "rainbow":
+        return _rainbow(env, hp)
     if algo == "dqn":
-        if not isinstance(env.action_space, spaces.Discrete):
-            raise ValueError(f"dqn needs a discrete action space, got {env.action_space}")
         model = Net(state_shape=obs_shape, action_shape=int(env.action_space.n), hidden_sizes=list(hp.hidden_sizes))
         policy = DiscreteQLearningPolicy(
             model=model, action_space=env.action_space, eps_training=1.0, eps_inference=0.0
@@ -187,6 +210,30 @@ def standard_algorithm(algo: str, env: Any, hp: Hyperparams) -> OffPolicyAlgorit
         return TD3(policy=deterministic, policy_optim=optim, critic=critic(), critic_optim=optim, critic2=critic(),
                    gamma=hp.gamma)  # fmt: skip
     return DDPG(policy=deterministic, policy_optim=optim, critic=critic(), critic_optim=optim, gamma=hp.gamma)
+
+
+def _rainbow(env: Any, hp: Hyperparams) -> OffPolicyAlgorithm:
+    """Tianshou's ``RainbowDQN``: C51 over a dueling net whose value and advantage heads are noisy layers."""
+    from tianshou.algorithm import RainbowDQN
+    from tianshou.algorithm.modelfree.c51 import C51Policy
+    from tianshou.algorithm.optim import AdamOptimizerFactory
+    from tianshou.utils.net.common import Net
+    from tianshou.utils.net.discrete import NoisyLinear
+
+    x = hp.extra
+
+    def noisy_linear(inputs: int, outputs: int) -> NoisyLinear:
+        return NoisyLinear(inputs, outputs, x["noisy_std"])
+
+    net = Net(
+        state_shape=env.observation_space.shape, action_shape=int(env.action_space.n),
+        hidden_sizes=list(hp.hidden_sizes), softmax=True, num_atoms=x["num_atoms"],
+        dueling_param=({"linear_layer": noisy_linear}, {"linear_layer": noisy_linear}),
+    )  # fmt: skip
+    policy = C51Policy(model=net, action_space=env.action_space, num_atoms=x["num_atoms"], v_min=x["v_min"],
+                       v_max=x["v_max"], eps_training=x["eps_start"], eps_inference=0.0)  # fmt: skip
+    return RainbowDQN(policy=policy, optim=AdamOptimizerFactory(lr=hp.lr), gamma=hp.gamma,
+                      n_step_return_horizon=x["n_step"], target_update_freq=x["target_update_freq"])  # fmt: skip
 
 
 # -- the workload -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ class RunSpec:
     """One training run: library, algorithm, env, replay variant, seed and budget."""
 
     lib: str  # "sb3" | "tianshou"
-    algo: str  # "dqn" | "ddpg" | "td3" | "sac"
+    algo: str  # "dqn" | "ddpg" | "td3" | "sac" | a runner's extra algorithm
     env_id: str  # a gymnasium id, e.g. "CartPole-v1"
     variant: str  # a name from the runner's variants, e.g. "uniform" | "per"
     seed: int

@@ -106,9 +106,10 @@ def summarize(results: Sequence[RunResult]) -> list[VariantSummary]:
 def format_table(results: Sequence[RunResult], summary: Sequence[VariantSummary]) -> str:
     """The summary as a plain-text table, with a title line naming the comparison."""
     spec = results[0].spec
+    n_steps = f"n_steps={spec.n_steps}, " if spec.n_steps > 1 else ""  # algorithms with their own n-step say so
     title = (
         f"{spec.lib} {spec.algo} on {spec.env_id}: {spec.steps:,} env steps x {len(summary[0].seeds)} seeds, "
-        f"n_envs={spec.n_envs}, n_steps={spec.n_steps}, {spec.torch_threads} torch thread(s); "
+        f"n_envs={spec.n_envs}, {n_steps}{spec.torch_threads} torch thread(s); "
         f"baseline = {summary[0].variant}"
     )
     header = [

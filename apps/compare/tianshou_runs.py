@@ -25,7 +25,11 @@ at 1e-3, gamma 0.99, batch 64, one gradient step per 4 env steps, the target
 network copied every 250 gradient steps (Tianshou's ``target_update_freq``
 counts gradient steps, not env steps), Tianshou's MSE loss rather than Huber,
 epsilon from 1 to 0.05 over the first 30% of the run), which the placement
-advisor profiles too. Each run first
+advisor profiles too. ``rainbow`` is Tianshou's own Rainbow test setup
+(``RainbowDQN``: C51 with 51 atoms, 3-step returns, a dueling net with noisy
+heads, gamma 0.9, one gradient step per 8 env steps, epsilon 0.1 -> 0.05);
+run it with ``--n-envs 8`` and the variants ``uniform``, ``stock-per`` and
+``hetero-per-batchnorm`` (Tianshou's Rainbow normalises by the batch maximum). Each run first
 collects ``warmup_steps`` random transitions (untimed, not counted in
 ``steps``), then trains in epochs of ``eval_every`` env steps with Tianshou's
 ``OffPolicyTrainer``; between epochs the greedy policy is evaluated on
@@ -51,7 +55,7 @@ from hetero_replay.adapters.tianshou.workload import STANDARD_HYPERPARAMS as HYP
 from hetero_replay.adapters.tianshou.workload import standard_algorithm as make_algorithm
 from hetero_replay.apps.compare.base import RunResult, RunSpec, register_runner
 
-ALGOS = ("dqn", "ddpg", "td3", "sac")
+ALGOS = ("dqn", "ddpg", "td3", "sac", "rainbow")
 VARIANTS = ("stock-per", "hetero-per", "uniform", "hetero-per-batchnorm", "hetero-per-eps1e-3")
 #: Batches drawn after training to measure the final mean IS weight.
 FINAL_BATCHES = 16
@@ -110,8 +114,9 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
     algorithm = make_algorithm(spec.algo, gym.make(spec.env_id), hp)
     buffer = make_buffer(spec.variant, hp, spec.n_envs, spec.seed)
 
-    # Env steps per update phase; epochs and the run are whole numbers of phases.
-    collect_steps = hp.collect_per_env * spec.n_envs
+    # Env steps per update phase (whole vector steps, at least one gradient step each, which Tianshou's trainer
+    # requires); epochs and the run are whole numbers of phases.
+    collect_steps = _round_up(max(hp.collect_per_env * spec.n_envs, math.ceil(1 / hp.updates_per_step)), spec.n_envs)
     epoch_steps = _round_up(spec.eval_every, collect_steps)
     num_epochs = max(1, math.ceil(spec.steps / epoch_steps))
     num_updates = round(num_epochs * epoch_steps * hp.updates_per_step)
@@ -126,9 +131,10 @@ def run(spec: RunSpec, progress: Callable[[int], None]) -> RunResult:
 
     def training_fn(epoch: int, env_step: int) -> None:
         fraction = min(1.0, env_step / total_steps)
-        if spec.algo == "dqn":
+        if spec.algo in ("dqn", "rainbow"):
+            eps_start = hp.extra.get("eps_start", 1.0)
             eps_final, eps_fraction = hp.extra["eps_final"], hp.extra["eps_fraction"]
-            policy.set_eps_training(max(eps_final, 1.0 - (1.0 - eps_final) * fraction / eps_fraction))
+            policy.set_eps_training(max(eps_final, eps_start - (eps_start - eps_final) * fraction / eps_fraction))
         if spec.variant == "stock-per":  # the manager's own beta: its set_beta only reaches the children
             PrioritizedReplayBuffer.set_beta(buffer, BETA_START + (BETA_END - BETA_START) * fraction)
 
