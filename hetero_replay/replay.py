@@ -50,6 +50,7 @@ from hetero_replay.storage import (
     durable_point,
     make_storage,
 )
+from hetero_replay.storage.codec import CompressedFields, parse_settings
 from hetero_replay.trees import SumTree
 from hetero_replay.trees.base import MAX_CAPACITY
 from hetero_replay.trees.numpy_tree import as_indices
@@ -651,7 +652,12 @@ class PrioritizedReplay:
     # -- state -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly where this buffer is (copies)."""
+        """Everything needed to continue exactly where this buffer is (copies).
+
+        Compressed fields (``storage_options`` ``codec=``) are not in ``state["storage"]``: their
+        records are in ``state["compressed"]``, as they are (not decompressed, see
+        :meth:`~hetero_replay.storage.codec.CompressedFields.export`).
+        """
         with self._lock:
             if self._ring is not None:
                 self._sync()
@@ -678,7 +684,12 @@ class PrioritizedReplay:
         if self._limiter is not None:
             state["rate_limiter"] = self._limiter.state_dict()
         if rows:
-            state["storage"] = self.storage.export_rows(self._size, copy=copy)
+            if isinstance(self.storage, HostStorage) and self.storage.compressed is not None:  # records as they are
+                state["storage"], packed = self.storage.export_state(self._size, copy=copy)
+                if packed is not None:
+                    state["compressed"] = packed
+            else:
+                state["storage"] = self.storage.export_rows(self._size, copy=copy)
             state["priorities"] = self.priorities.leaves()[: self._size]
         return state
 
@@ -732,9 +743,15 @@ class PrioritizedReplay:
         if not (0 <= size <= buf.capacity and 0 <= pos < buf.capacity and (size == buf.capacity or pos == size)):
             raise ValueError(f"inconsistent position {pos} / size {size} for capacity {buf.capacity}")
         storage, priorities = state["storage"], np.asarray(state["priorities"])
-        if set(storage) != set(buf.schema):
-            raise ValueError(f"state holds fields {sorted(storage)}, schema has {sorted(buf.schema)}")
-        for name, field in buf.schema.items():
+        # A compressed state holds its compressed fields' rows as records (checked where they are read).
+        packed = state.get("compressed")
+        if packed is not None and not isinstance(packed, Mapping):
+            raise ValueError(f"compressed: expected a mapping of settings and arrays, got {type(packed).__name__}")
+        compressed = {} if packed is None else parse_settings(buf.schema, packed.get("settings"))[0]
+        raw = {n: f for n, f in buf.schema.items() if n not in compressed}
+        if set(storage) != set(raw):
+            raise ValueError(f"state holds fields {sorted(storage)}, expected {sorted(raw)}")
+        for name, field in raw.items():
             arr = np.asarray(storage[name])
             if arr.shape != (size, *field.shape) or arr.dtype != field.dtype:
                 raise ValueError(
@@ -745,11 +762,17 @@ class PrioritizedReplay:
         leaves = np.zeros(buf.capacity, buf.tree.dtype)
         leaves[:size] = priorities
         buf.priorities.load(leaves, state["max_priority"])
-        rows = {name: np.asarray(storage[name]) for name in buf.schema}
-        if buf._ring is not None:
-            buf._ring.adopt(pos, size, rows)
+        rows = {name: np.asarray(storage[name]) for name in raw}
+        if packed is not None and isinstance(buf.storage, HostStorage) and buf._ring is None:
+            buf.storage.import_state(rows, packed, size)  # records adopted as they are, or converted
         else:
-            buf.storage.import_rows(rows)
+            if packed is not None:  # a storage without these codecs: the rows decompressed
+                source = CompressedFields.restored(buf.schema, packed, size)
+                rows.update(source.gather(np.arange(size, dtype=np.int64), list(compressed)))
+            if buf._ring is not None:
+                buf._ring.adopt(pos, size, rows)
+            else:
+                buf.storage.import_rows(rows)
         if rate_limiter is not None and "rate_limiter" in state:
             rate_limiter.load_state_dict(state["rate_limiter"])  # checked before it changes anything
         buf.rng.bit_generator.state = state["rng_state"]
@@ -760,12 +783,17 @@ class PrioritizedReplay:
         """Write the whole buffer to one file at ``path``, atomically (see :mod:`hetero_replay.storage.checkpoint`).
 
         Holds the buffer's lock while writing: views, not copies, are saved, so
-        a large buffer needs no second copy in memory.
+        a large buffer needs no second copy in memory. Compressed fields are saved as their
+        records (loading into a buffer compressing them alike takes them as they are).
         """
         with self._lock:
             state = self._state(copy=False)
             arrays = {f"storage/{n}": a for n, a in state.pop("storage").items()}
             arrays["priorities"] = state.pop("priorities")
+            if "compressed" in state:  # the settings in the header, the records as arrays
+                packed = state.pop("compressed")
+                state["compressed"] = packed["settings"]
+                arrays.update({f"compressed/{n}": a for n, a in packed["arrays"].items()})
             checkpoint.write(path, state, arrays)
 
     @classmethod
@@ -782,6 +810,9 @@ class PrioritizedReplay:
             state = dict(header)
             state["storage"] = {n[len("storage/") :]: a for n, a in arrays.items() if n.startswith("storage/")}
             state["priorities"] = arrays["priorities"]
+            if "compressed" in header:
+                arrays_of = {n[len("compressed/") :]: a for n, a in arrays.items() if n.startswith("compressed/")}
+                state["compressed"] = {"settings": header["compressed"], "arrays": arrays_of}
             return cls.from_state_dict(state, tree=tree, rate_limiter=rate_limiter, **placement)
         except (KeyError, TypeError, ValueError) as e:
             raise checkpoint.ReplayFileError(f"{path}: inconsistent replay file ({e})") from e

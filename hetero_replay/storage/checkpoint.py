@@ -20,6 +20,16 @@ storage layer, below every buffer that writes it.
   reading allocates no more than the file's own size; the arrays must agree
   with the header's size and schema. ZIP CRCs catch changed bytes. Whatever is
   wrong raises :class:`ReplayFileError`.
+* Compressed fields (format version 2, :data:`COMPRESSED`): a storage's
+  compressed records are saved as they are, as arrays (one of the records back
+  to back and one of their offsets per field, or the distinct frames and each
+  row's references to them), with the codec settings in the header. Here they
+  are checked like any array (the manifest, dtypes, shapes); their values
+  (offsets, references, every record's CRC-32C and chunk) where they are read
+  into a storage (:meth:`~hetero_replay.storage.codec.CompressedFields.adopt`),
+  which a state dict goes through too; ``PrioritizedReplay.load`` raises those
+  errors as :class:`ReplayFileError`. A file without compressed fields is
+  written as version 1, which older readers read.
 
 What :func:`read` does not bound is the memory of the buffer the header
 describes: capacity 10**9 with ten transitions stored is a valid 2 KB file,
@@ -47,6 +57,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from hetero_replay.checks import is_int, is_real
+from hetero_replay.storage.codec import packed_layout, parse_settings
 from hetero_replay.storage.files import check_parents
 from hetero_replay.storage.schema import PLAIN_KINDS, Schema
 from hetero_replay.trees.base import MAX_CAPACITY
@@ -57,7 +68,10 @@ except ImportError:  # not POSIX: no locks, so abandoned temporaries are left al
     fcntl = None  # type: ignore[assignment]
 
 FORMAT = "hetero-replay"
-VERSION = 1
+#: The format's version. Version 2 added compressed fields (:data:`COMPRESSED`); a file without
+#: them is written as version 1, which it is, so that older readers read it.
+VERSION = 2
+_VERSIONS = (1, 2)
 _HEADER = "header.json"
 
 # Bounds on what a file may declare. They are far beyond any real buffer, so
@@ -75,6 +89,10 @@ MAX_FIELD_DIMS = 32
 #: ``header["rows"]`` of a ring storage's durable state: rows are in the ring's files, the
 #: arrays are every slot's priority and stamp (see :mod:`hetero_replay.storage.disk`).
 RING_ROWS = "ring"
+#: The header section of a file whose storage keeps fields compressed: their codec settings
+#: (:meth:`~hetero_replay.storage.codec.CompressedFields.settings`); their records are the arrays
+#: ``compressed/{name}`` (:func:`~hetero_replay.storage.codec.packed_layout`), kept as they are.
+COMPRESSED = "compressed"
 #: The header section of a durable point: its schedule's settings and counts
 #: (see :class:`hetero_replay.storage.durable.FlushSchedule`); absent from a saved buffer.
 DURABLE = "durable"
@@ -106,7 +124,8 @@ def write(path: str | os.PathLike[str], header: Mapping[str, Any], arrays: Mappi
     path = Path(path)
     check_parents(path, "path")
     manifest = {name: {"dtype": a.dtype.str, "shape": list(a.shape)} for name, a in arrays.items()}
-    full_header = {"format": FORMAT, "version": VERSION, **header, "arrays": manifest}
+    version = VERSION if COMPRESSED in header else 1
+    full_header = {"format": FORMAT, "version": version, **header, "arrays": manifest}
     header_bytes = json.dumps(full_header, indent=1).encode()
     if len(header_bytes) > MAX_HEADER_BYTES:
         raise ValueError(f"replay header of {len(header_bytes)} bytes; a file may hold at most {MAX_HEADER_BYTES}")
@@ -333,9 +352,14 @@ def _read_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> dict
         raise ReplayFileError(f"{path}: unreadable header ({e})") from e
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ReplayFileError(f"{path}: not a {FORMAT} file")
-    if header.get("version") != VERSION:
+    version = header.get("version")
+    if version not in _VERSIONS or isinstance(version, bool):
         raise ReplayFileError(
-            f"{path}: format version {_short(header.get('version'))}, this library reads version {VERSION}"
+            f"{path}: format version {_short(version)}, this library reads versions {list(_VERSIONS)}"
+        )
+    if (COMPRESSED in header) != (version == 2):
+        raise ReplayFileError(
+            f"{path}: a version {version} file {'with' if version == 1 else 'without'} {COMPRESSED} fields"
         )
     if not isinstance(header.get("arrays"), dict):
         raise ReplayFileError(f"{path}: header has no array manifest")
@@ -440,6 +464,11 @@ def _check_header(header: Mapping[str, Any], path: Path) -> None:
 
     item_bytes = _check_schema(cfg["schema"], require)
     require(capacity * item_bytes <= MAX_STORAGE_BYTES, f"capacity {capacity} x {item_bytes} bytes per transition")
+    if COMPRESSED in header:
+        try:
+            parse_settings(Schema.from_json(cfg["schema"]), header[COMPRESSED])
+        except (TypeError, ValueError) as e:
+            require(False, f"{COMPRESSED}: {e}")
 
     size: Any = header.get("size")
     position: Any = header.get("position")
@@ -535,12 +564,24 @@ def _check_arrays(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray], p
     # name -> (dtype string, or None for any float dtype, and shape)
     if header.get("rows") == RING_ROWS:  # the durable state of a ring storage: rows live in its ring file
         capacity = header["config"]["capacity"]
-        expected: dict[str, tuple[str | None, tuple[int, ...]]] = {
+        expected: dict[str, tuple[str | None, tuple[int | None, ...]]] = {
             "priorities": (None, (capacity,)),
             "stamps": ("<i8", (capacity,)),
         }
     else:
-        expected = {f"storage/{name}": (field["dtype"], (size, *field["shape"])) for name, field in schema.items()}
+        codecs: Mapping[str, Any] = {}
+        packed: dict[str, tuple[str | None, tuple[int | None, ...]]] = {}
+        if COMPRESSED in header:  # records of any length: their values are checked where they are read
+            typed = Schema.from_json(schema)
+            codecs, pooled, _ = parse_settings(typed, header[COMPRESSED])
+            for name, (dtype_of, dims) in packed_layout(typed, codecs, pooled, size).items():
+                packed[f"{COMPRESSED}/{name}"] = (dtype_of.str, dims)
+        expected = {
+            f"storage/{name}": (field["dtype"], (size, *field["shape"]))
+            for name, field in schema.items()
+            if name not in codecs
+        }
+        expected.update(packed)
         expected["priorities"] = (None, (size,))  # any float: the tree casts them to its own dtype
     if set(arrays) != set(expected):
         raise ReplayFileError(
@@ -549,7 +590,8 @@ def _check_arrays(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray], p
     for name, (dtype, shape) in expected.items():
         arr = arrays[name]
         dtype_ok = arr.dtype.kind == "f" if dtype is None else arr.dtype.str == dtype
-        if arr.shape != shape or not dtype_ok:
+        shape_ok = arr.ndim == len(shape) and all(d is None or d == n for d, n in zip(shape, arr.shape))
+        if not shape_ok or not dtype_ok:
             raise ReplayFileError(
                 f"{path}: inconsistent replay file: array {_short(name)} is {arr.dtype.str}{list(arr.shape)}, "
                 f"size {size} and the schema need {dtype or 'a float dtype'}{list(shape)}"

@@ -18,6 +18,12 @@ defaults: ``docs/compression.md``.
 With ``frames=``, the distinct frames of stacked image fields are stored once
 and shared by the rows that hold them (:mod:`.frames`).
 
+State dicts and saved files carry the records as they are (:meth:`CompressedFields.export`,
+:meth:`CompressedFields.adopt`, arrays as :mod:`.records` lays them out), with the settings
+(:func:`parse_settings`); a storage compressing the same fields alike takes them without
+recompressing, any other converts them (:meth:`HostStorage.import_state
+<hetero_replay.storage.host.HostStorage.import_state>`).
+
 The byte budget bounds the records' bytes (all compressed fields together), as
 the capacity bounds the rows. It is a hard limit: a write whose records would
 take the storage over it is refused with :class:`ByteBudgetError` before
@@ -26,6 +32,7 @@ anything changes, so a buffer never holds fewer rows than its owner believes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +41,9 @@ import numpy as np
 
 from hetero_replay._native import compress_rows, decompress_rows
 from hetero_replay.checks import is_int
+from hetero_replay.storage import records as record_arrays
 from hetero_replay.storage.frames import FramePlan, FramePool, pooled_fields
+from hetero_replay.storage.records import DamagedRecordError
 from hetero_replay.storage.schema import Field
 
 #: The codecs a field may have (both from C-Blosc2).
@@ -47,10 +56,6 @@ DEFAULT_LEVELS = {"lz4": 1, "zstd": 1}
 
 class ByteBudgetError(ValueError):
     """A write would take the compressed records over the storage's byte budget (nothing was written)."""
-
-
-class DamagedRecordError(ValueError):
-    """A compressed record failed its CRC or its decompression: the row is not served."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,63 @@ def _pair(spec: Any, what: str) -> tuple[Any, Any]:
     if isinstance(spec, Sequence) and len(spec) == 2:
         return spec[0], spec[1]
     raise TypeError(f"{what} must be None, a codec name, (name, level) or a mapping of field -> codec, got {spec!r}")
+
+
+def parse_settings(schema: Mapping[str, Field], settings: Any) -> tuple[dict[str, Codec], list[str], int | None]:
+    """``(codecs, pooled fields, byte budget)`` from settings as :meth:`CompressedFields.settings` writes them.
+
+    Checks everything (they come from a state dict or a file) and allocates nothing.
+
+    Raises:
+        ValueError: naming what is wrong: not that form, an unknown codec or level, a field not in
+            ``schema``, pooled fields of different codecs or without frames, a bad byte budget.
+    """
+    fields = settings.get("fields") if isinstance(settings, Mapping) else None
+    if not isinstance(fields, Mapping) or not fields:
+        raise ValueError(
+            f"compressed settings: no fields (expected {{'fields': {{name: {{...}}}}, ...}}, got {settings!r})"
+        )
+    specs = {}
+    for name, spec in fields.items():
+        if (
+            not isinstance(spec, Mapping)
+            or set(spec) != {"codec", "level", "frames"}
+            or type(spec["frames"]) is not bool
+        ):
+            raise ValueError(f"compressed settings of field {name!r}: expected codec, level and frames, got {spec!r}")
+        specs[name] = (spec["codec"], spec["level"])
+    try:
+        codecs = field_codecs(schema, specs)
+    except TypeError as e:
+        raise ValueError(str(e)) from e
+    pooled = pooled_fields(schema, [n for n in codecs if fields[n]["frames"]], list(codecs))
+    if len({codecs[n] for n in pooled}) > 1:
+        raise ValueError(f"frames: the pooled fields share their frames, so one codec: got {codecs}")
+    budget = settings.get("byte_budget")
+    if budget is not None and (not is_int(budget) or budget < 1):
+        raise ValueError(f"byte_budget must be a positive integer or None, got {budget!r}")
+    return codecs, pooled, budget
+
+
+def packed_layout(
+    schema: Mapping[str, Field], codecs: Mapping[str, Codec], pooled: Sequence[str], rows: int
+) -> dict[str, tuple[np.dtype, tuple[int | None, ...]]]:
+    """The arrays :meth:`CompressedFields.export` gives for ``rows`` rows: name -> (dtype, shape; ``None``: any length).
+
+    Per field, its records and their offsets (:mod:`.records`), or with ``frames`` its rows' frame
+    positions; with ``frames``, the frames' records and offsets. A field's names end in ``/records``,
+    ``/offsets`` or ``/frames``; the frames' have no ``/``: no two names are alike.
+    """
+    u8, i8 = np.dtype(np.uint8), np.dtype(np.int64)
+    out: dict[str, tuple[np.dtype, tuple[int | None, ...]]] = {}
+    for name in codecs:
+        if name in pooled:
+            out[f"{name}/frames"] = (i8, (rows, math.prod(schema[name].shape[:-2])))
+        else:
+            out[f"{name}/records"], out[f"{name}/offsets"] = (u8, (None,)), (i8, (rows + 1,))
+    if pooled:
+        out["frame_records"], out["frame_offsets"] = (u8, (None,)), (i8, (None,))
+    return out
 
 
 class CompressedFields:
@@ -202,6 +264,87 @@ class CompressedFields:
                 raise DamagedRecordError(f"field {name!r}: the compressed records of slots {damaged[name]} are damaged")
         return out
 
+    @classmethod
+    def restored(cls, schema: Mapping[str, Field], packed: Mapping[str, Any], rows: int) -> CompressedFields:
+        """The compressed fields that :meth:`export` gave as ``packed``, holding ``rows`` rows (to read them from).
+
+        Raises:
+            ValueError: see :func:`parse_settings` and :meth:`adopt`.
+        """
+        codecs, pooled, budget = parse_settings(schema, packed.get("settings"))
+        fields = cls(max(rows, 1), schema, codecs, budget, pooled)
+        fields.adopt(rows, packed)
+        return fields
+
+    @property
+    def pooled(self) -> list[str]:
+        """The fields whose frames are stored once (in :attr:`pool`)."""
+        return [n for n in self.codecs if n not in self._records]
+
+    def settings(self) -> dict[str, Any]:
+        """How the fields are compressed, as JSON: ``{"fields": {name: {"codec", "level", "frames"}}, "byte_budget"}``."""
+        fields = {
+            n: {"codec": c.name, "level": c.level, "frames": n not in self._records} for n, c in self.codecs.items()
+        }
+        return {"fields": fields, "byte_budget": self.byte_budget}
+
+    def export(self, rows: int) -> dict[str, Any]:
+        """The records of rows ``0 .. rows - 1`` as they are: ``{"settings": ..., "arrays": {name: array}}``
+        (:meth:`settings`; :func:`packed_layout` names the arrays). Copies."""
+        arrays: dict[str, np.ndarray] = {}
+        for name, records in self._records.items():
+            arrays[f"{name}/records"], arrays[f"{name}/offsets"] = record_arrays.join(records[:rows])
+        if self.pool is not None:
+            arrays.update(self.pool.export(rows))
+        return {"settings": self.settings(), "arrays": arrays}
+
+    def adopt(self, rows: int, packed: Mapping[str, Any]) -> None:
+        """Hold the records of ``packed`` (:meth:`export` of fields compressed alike) as rows ``0 .. rows - 1``.
+
+        For a new storage: what it held is replaced. The records are kept as they are (not
+        recompressed); every one is decompressed once to check it. Nothing changes unless all is well.
+
+        Raises:
+            ValueError: the settings differ from these fields', arrays are missing or of the wrong
+                type or shape, offsets or frame references are wrong (naming the field).
+            DamagedRecordError: a record is damaged (naming the field and rows).
+            ByteBudgetError: the records take more than the byte budget.
+        """
+        codecs, pooled, _ = parse_settings(self._fields, packed.get("settings"))
+        if codecs != self.codecs or pooled != self.pooled:
+            raise ValueError(f"compressed fields {self.settings()['fields']}, the records are of {packed['settings']}")
+        arrays = packed.get("arrays")
+        layout = packed_layout(self._fields, codecs, pooled, rows)
+        if not isinstance(arrays, Mapping) or set(arrays) != set(layout):
+            got = sorted(arrays) if isinstance(arrays, Mapping) else type(arrays).__name__
+            raise ValueError(f"compressed arrays {got}, expected {sorted(layout)}")
+        for name, (dtype, shape) in layout.items():
+            record_arrays.check_array(arrays[name], dtype, shape, name)
+        held: dict[str, list[bytes | None]] = {}
+        for name in self._records:
+            records = record_arrays.split(arrays[f"{name}/records"], arrays[f"{name}/offsets"], rows, f"field {name!r}")
+            bad = record_arrays.damaged(records, np.arange(rows, dtype=np.int64), self._fields[name].item_bytes)
+            if len(bad):
+                raise DamagedRecordError(
+                    f"field {name!r}: the compressed records of rows {bad[:5].tolist()} are damaged"
+                )
+            held[name] = records + [None] * (self.capacity - rows)
+        pool = None
+        if self.pool is not None:
+            frames = record_arrays.check_array(arrays["frame_offsets"], np.int64, (None,), "frame_offsets")
+            pool = FramePool(self.capacity, {n: self._fields[n] for n in pooled}, self.pool.codec)
+            pool.restore(
+                record_arrays.split(arrays["frame_records"], frames, max(len(frames) - 1, 0), "frame"),
+                {n: arrays[f"{n}/frames"] for n in pooled},
+            )
+        used = sum(len(r) for records in held.values() for r in records if r is not None)
+        used += 0 if pool is None else pool.bytes_used
+        if self.byte_budget is not None and used > self.byte_budget:
+            raise ByteBudgetError(
+                f"byte_budget: the records take {used} bytes, over the budget of {self.byte_budget} bytes"
+            )
+        self._records, self.pool, self.bytes_used = held, pool, used
+
     def _slots(self, start: int, rows: int) -> range | list[int]:
         end = start + rows
         return range(start, end) if end <= self.capacity else [s % self.capacity for s in range(start, end)]
@@ -209,6 +352,8 @@ class CompressedFields:
 
 __all__ = [
     "CODECS",
+    "packed_layout",
+    "parse_settings",
     "DEFAULT_LEVELS",
     "ByteBudgetError",
     "Codec",

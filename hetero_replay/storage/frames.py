@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 
 from hetero_replay._native import compress_rows, decompress_rows
+from hetero_replay.storage import records as record_arrays
+from hetero_replay.storage.records import DamagedRecordError
 from hetero_replay.storage.schema import Field
 
 DIGEST_BYTES = 16
@@ -85,7 +87,7 @@ class FramePool:
             if name not in arrays:
                 continue
             frames = np.ascontiguousarray(arrays[name]).reshape(-1, self._plane[name]).view(np.uint8)
-            digests = [hashlib.sha256(f.data).digest()[:DIGEST_BYTES] for f in frames]
+            digests = [_digest(f) for f in frames]
             fresh: dict[bytes, np.ndarray] = {}  # frames of different sizes never share a digest
             for d, f in zip(digests, frames):
                 if d not in self._slot and d not in plan.new and d not in fresh:
@@ -148,6 +150,67 @@ class FramePool:
             damaged.update({n: sorted({int(indices[r]) for r in rows[fields == k]}) for k, n in enumerate(group)})
         return out, damaged
 
+    def export(self, count: int) -> dict[str, np.ndarray]:
+        """The frames of rows ``0 .. count - 1`` as they are, as arrays (:mod:`.records`).
+
+        ``frame_records`` and ``frame_offsets``: the distinct frames these rows hold, each once;
+        ``{field}/frames``, per pooled field: each row's frames as positions in that list (-1: never written).
+        """
+        tables = {n: t[:count] for n, t in self._slot_of_row.items()}
+        used = np.unique(np.concatenate([t.ravel() for t in tables.values()]))
+        used = used[used >= 0]
+        out = {f"{n}/frames": np.where(t >= 0, np.searchsorted(used, t), -1) for n, t in tables.items()}
+        out["frame_records"], out["frame_offsets"] = record_arrays.join([self._records[s] for s in used])
+        return out
+
+    def restore(self, records: list[bytes | None], refs: Mapping[str, np.ndarray]) -> None:
+        """Hold ``records``, the frames of rows ``0, 1, ...`` whose positions ``refs`` gives per field
+        (what :meth:`export` wrote), in this new pool; the records are kept as they are.
+
+        Each frame is decompressed once, to check it and to find it by content on later writes.
+
+        Raises:
+            ValueError: a reference outside ``[-1, frames)``, a frame no row references, an empty one,
+                one referenced by fields of different frame sizes, two frames alike.
+            DamagedRecordError: a frame's record is damaged (naming the fields and rows that hold it).
+        """
+        n = len(records)
+        plane = np.full(n, -1, np.int64)  # the bytes of each frame, as the fields referencing it say
+        for name, table in refs.items():
+            outside = table[(table < -1) | (table >= n)]
+            if len(outside):
+                raise ValueError(f"field {name!r}: frame references must be in [-1, {n}), got {outside[:5].tolist()}")
+            held = table[table >= 0]
+            clash = held[(plane[held] >= 0) & (plane[held] != self._plane[name])]
+            if len(clash):
+                raise ValueError(
+                    f"field {name!r}: frames {clash[:5].tolist()} are held by fields of another frame size"
+                )
+            plane[held] = self._plane[name]
+        if (plane < 0).any() or any(r is None for r in records):
+            idle = [i for i in range(n) if plane[i] < 0 or records[i] is None]
+            raise ValueError(f"frame_records: frames {idle[:5]} are empty or referenced by no row")
+        digests: list[bytes] = [b""] * n
+        for size in np.unique(plane).tolist():
+            for chunk, frames, bad in record_arrays.decoded(records, np.flatnonzero(plane == size), size):
+                if len(bad):
+                    holders = {m: np.flatnonzero(np.isin(t, chunk[bad]).any(axis=1)).tolist() for m, t in refs.items()}
+                    where = ", ".join(f"field {m!r} rows {rows[:5]}" for m, rows in holders.items() if rows)
+                    raise DamagedRecordError(
+                        f"frame_records: frames {chunk[bad][:5].tolist()} are damaged (held by {where})"
+                    )
+                for i, frame in zip(chunk.tolist(), frames):
+                    digests[i] = _digest(frame)
+        slot = dict(zip(digests, range(n)))
+        if len(slot) < n:
+            raise ValueError("frame_records: holds a frame twice (frames are stored once)")
+        counts = np.zeros(n, np.int64)
+        for name, table in refs.items():
+            counts += np.bincount(table[table >= 0], minlength=n)
+            self._slot_of_row[name][: len(table)] = table
+        self._records, self._digests, self._refs, self._slot = list(records), digests, counts.tolist(), slot
+        self.bytes_used = sum(map(len, records))  # type: ignore[arg-type]
+
     def _freed_by(self, plan: FramePlan) -> list[int]:
         """Frame slots a plan's overwrites would leave unreferenced."""
         delta: dict[int, int] = {}
@@ -166,6 +229,11 @@ class FramePool:
         del self._slot[self._digests[slot]]
         self._records[slot] = None
         self._free.append(slot)
+
+
+def _digest(frame: np.ndarray) -> bytes:
+    """What a frame (C-contiguous uint8) is found by: its SHA-256, cut to :data:`DIGEST_BYTES`."""
+    return hashlib.sha256(frame.data).digest()[:DIGEST_BYTES]
 
 
 def _slots(start: int, rows: int, capacity: int) -> np.ndarray:

@@ -16,8 +16,11 @@ import numpy as np
 
 from hetero_replay._native import RowAccess
 from hetero_replay.storage.base import check_host_batch
-from hetero_replay.storage.codec import CompressedFields, field_codecs
+from hetero_replay.storage.codec import CompressedFields, field_codecs, parse_settings
 from hetero_replay.storage.schema import Field, Schema
+
+#: Bytes of rows :meth:`HostStorage.import_state` decompresses at a time to convert records.
+CONVERT_BYTES = 64 << 20
 
 
 class HostStorage:
@@ -154,6 +157,42 @@ class HostStorage:
     def import_rows(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Every field's rows from row 0 on (checked by the caller against the schema)."""
         self.write(0, arrays)
+
+    def export_state(self, count: int, copy: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
+        """The first ``count`` rows as a state dict and a file hold them: the uncompressed fields' rows
+        (views unless ``copy``), and the compressed fields' records as they are
+        (:meth:`~hetero_replay.storage.codec.CompressedFields.export`, copies; ``None`` without a codec).
+        """
+        rows = {n: (a[:count].copy() if copy else a[:count]) for n, a in self.arrays.items()}
+        return rows, None if self.compressed is None else self.compressed.export(count)
+
+    def import_state(self, rows: Mapping[str, np.ndarray], packed: Mapping[str, Any] | None, count: int) -> None:
+        """Rows ``0 .. count - 1`` of a new storage from :meth:`export_state`'s form, of this storage or another.
+
+        ``rows``: the uncompressed fields' rows (checked by the caller against the schema); ``packed``:
+        the compressed fields' records (``None``: ``rows`` holds every field). Where this storage
+        compresses the same fields alike (codec, level, ``frames``), it adopts the records as they are
+        (every one decompressed once to check it); otherwise they are decompressed and written like
+        rows added (recompressed under this storage's codecs), :data:`CONVERT_BYTES` of rows at a time.
+
+        Raises:
+            ValueError: the records are wrong (naming the field, see
+                :meth:`~hetero_replay.storage.codec.CompressedFields.adopt`), or over the byte budget.
+        """
+        if packed is None:
+            self.write(0, rows)
+            return
+        codecs, pooled, _ = parse_settings(self.schema, packed.get("settings"))
+        if self.compressed is not None and (codecs, pooled) == (self.compressed.codecs, self.compressed.pooled):
+            self.compressed.adopt(count, packed)
+            self._write_raw(0, rows)
+            return
+        source = CompressedFields.restored(self.schema, packed, count)
+        step = max(1, CONVERT_BYTES // max(self.schema.item_bytes, 1))
+        for lo in range(0, count, step):
+            chunk = {n: a[lo : lo + step] for n, a in rows.items()}
+            chunk.update(source.gather(np.arange(lo, min(lo + step, count), dtype=np.int64), list(source.codecs)))
+            self.write(lo, chunk)
 
     def view(self, name: str) -> np.ndarray:
         """Field ``name`` over all rows: a live strided view into the records.
