@@ -21,6 +21,7 @@ void register_kernel_items(py::module_& m);  // csrc/kernel_items_host.cpp
 void register_ring(py::module_& m);          // csrc/ring.cpp
 void register_executor(py::module_& m);      // csrc/executor.cpp
 void register_codec(py::module_& m);         // csrc/codec.cpp
+void register_record_log(py::module_& m);    // csrc/record_log.cpp
 
 namespace {
 
@@ -212,6 +213,7 @@ PYBIND11_MODULE(_native, m) {
   register_kernel_items(m);
   register_ring(m);
   register_codec(m);
+  register_record_log(m);
 
   // The PER arithmetic every CPU backend shares, so that they agree to the bit
   // whatever SIMD paths NumPy or torch would pick on this machine.

@@ -30,6 +30,7 @@
 #include <nmmintrin.h>
 #endif
 
+#include "hetero_replay/record_codec.hpp"
 #include "hetero_replay/task_pool.hpp"
 #include "released_gil.hpp"
 
@@ -184,7 +185,12 @@ py::list compress_rows(const RowArray& rows, const std::string& codec, int level
   return records;
 }
 
+}  // namespace
+
+namespace hetero_replay {
+
 // One record checked (CRC, chunk structure, size) and decompressed into row (row_bytes); false if damaged.
+// Declared in hetero_replay/record_codec.hpp: the shared storage's record log decodes with it too.
 bool decompress_record(const uint8_t* data, size_t size, uint8_t* row, int64_t row_bytes) {
   if (size <= kCrcBytes) return false;
   uint32_t stored = 0;
@@ -197,6 +203,10 @@ bool decompress_record(const uint8_t* data, size_t size, uint8_t* row, int64_t r
                                static_cast<int32_t>(size - kCrcBytes), row,
                                static_cast<int32_t>(row_bytes)) == row_bytes;
 }
+
+}  // namespace hetero_replay
+
+namespace {
 
 // records[indices[i]] decompressed into out[i]; returns the positions i whose record is damaged
 // (its CRC or its chunk does not check out). A record that is None, or index -1, is a row never

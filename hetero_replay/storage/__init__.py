@@ -97,6 +97,10 @@ register_storage(
 
 
 def _shared(capacity: int, schema: Schema | Mapping[str, Any], placement: Any, **options: Any) -> Storage:
+    if options.get("codec") is not None or {"byte_budget", "frames"} & options.keys():
+        from hetero_replay.storage.shared_compressed import CompressedSharedStorage
+
+        return CompressedSharedStorage(capacity, schema, **options)
     from hetero_replay.storage.shared import SharedStorage
 
     return SharedStorage(capacity, schema, **options)
@@ -116,7 +120,8 @@ register_storage(
     devices=("cpu",),
     threaded=True,
     device_batches=False,
-    description="a file mapping actor processes add rows to (writer()); /dev/shm by default",
+    description="a file mapping actor processes add rows to (writer()); /dev/shm by default; "
+    "image fields compressed with storage_options={'codec': 'lz4', 'byte_budget': ...}",
 )
 register_storage(
     DISK,

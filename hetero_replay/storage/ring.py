@@ -320,8 +320,15 @@ class RowSink(Protocol):
 
 
 def append(sink: RowSink, tag: int, rows: int, arrays: Mapping[str, np.ndarray]) -> tuple[int, np.ndarray, int]:
-    """Reserve, take, write and publish ``rows`` validated rows: ``(first ticket, taken mask, rows committed)``."""
+    """Reserve, take, write and publish ``rows`` validated rows: ``(first ticket, taken mask, rows committed)``.
+
+    A sink with an ``encode(arrays)`` method (rows compressed before they are written) encodes first, so
+    that a batch it refuses changes nothing: no ticket is taken and no slot's row is lost.
+    """
     control = sink.control
+    encode = getattr(sink, "encode", None)
+    if encode is not None:
+        arrays = encode(arrays)
     first = control.reserve(rows)
     taken, lapped = control.acquire(first, rows, tag)
     try:

@@ -1,0 +1,124 @@
+"""A circular byte log of compressed records in a shared segment, written lock-free by many processes.
+
+The compressed shared storage (:mod:`.shared_compressed`) keeps its compressed
+fields here rather than in its fixed-size rows: records differ in size, so
+they go one after another into a region of ``log_bytes`` bytes (the byte
+budget) used as a ring of bytes:
+
+* **The head** (a 64-bit word before the region) counts the bytes ever
+  reserved; absolute position ``p`` lives at byte ``p % log_bytes``. A writer
+  compresses its batch in its own process, reserves all its records' bytes
+  with one atomic add on the head, and copies each record after a 16-byte
+  header (its row's stamp, its length), wrapping at the region's end
+  (``csrc/record_log.cpp``). The row keeps each record's absolute offset and
+  length; its stamp is published afterwards as for any ring row.
+* **FIFO**: the oldest bytes are overwritten first, like the ring's oldest
+  rows. A record at offset ``o`` is gone once the head passes
+  ``o + log_bytes``. With a budget of at least the capacity times the
+  records' mean bytes per row (the header included), a row's records outlive
+  the row; with less, the oldest rows lose their records before the ring
+  overwrites them: they are *evicted*.
+* **Reads** decompress a sampled row's records, then re-read the head
+  (seqlock-style): a record read while a reservation passed its end may have
+  been overwritten, and is not served. The header (the row's stamp and
+  length) and the record's CRC-32C also catch a writer that reserved long ago
+  and copied only now, over newer records.
+
+:class:`Evictions` is the learner's bookkeeping of which rows lost their
+records, so that they leave the sum tree before anyone draws them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetero_replay._native import log_append, log_gather
+
+#: Bytes before the log's data: the head, alone on its cache line (writers contend for it).
+LOG_HEADER_BYTES = 64
+#: Bytes each record takes besides its own: the header (its row's stamp, its length).
+RECORD_HEADER_BYTES = 16
+
+
+class RecordLog:
+    """The log in ``region`` (uint8, :meth:`region_bytes` long): its head and its ``log_bytes`` of data."""
+
+    def __init__(self, region: np.ndarray, log_bytes: int) -> None:
+        self.log_bytes = int(log_bytes)
+        #: The log's header words: the head, then the log's size (written by the segment's owner).
+        self.words = region[:LOG_HEADER_BYTES].view(np.int64)
+        self.head = self.words[:1]
+        self.data = region[LOG_HEADER_BYTES : LOG_HEADER_BYTES + self.log_bytes]
+
+    @staticmethod
+    def region_bytes(log_bytes: int) -> int:
+        """Bytes of a segment the log of ``log_bytes`` takes (the head's line included)."""
+        return LOG_HEADER_BYTES + log_bytes
+
+    @property
+    def reserved(self) -> int:
+        """Bytes ever reserved (the head): records at offsets below ``reserved - log_bytes`` are gone."""
+        return int(self.head[0])
+
+    def append(self, records: Sequence[bytes], stamps: np.ndarray) -> np.ndarray:
+        """Copy ``records`` (row-major: row ``r``'s field ``f`` at ``r * fields + f``) of rows to be
+        published with ``stamps``; their absolute offsets (see the module's docstring)."""
+        return log_append(self.data, self.head, list(records), stamps)
+
+    def gather(
+        self, offsets: np.ndarray, lengths: np.ndarray, stamps: np.ndarray, outs: Sequence[np.ndarray]
+    ) -> np.ndarray:
+        """Decompress the rows' records into ``outs`` (per field ``(rows, bytes)`` uint8); mask of sound rows.
+
+        ``offsets``, ``lengths``: ``(rows, fields)`` as the rows hold them; ``stamps``: the rows' stamps
+        as the reader saw them. A row is sound if every record's header names its stamp and length, the
+        record checks out (CRC, size) and the head had not passed it after the read.
+        """
+        return log_gather(self.data, self.head, offsets, lengths, stamps, list(outs)).view(bool)
+
+
+class Evictions:
+    """Which committed rows of a ring lost their records to newer ones (the learner's side).
+
+    :meth:`track` is told each new row's first record offset (its records are
+    contiguous); :meth:`expired` returns the tracked rows whose records the head
+    has passed and that still hold the stamp they had then. Rows are kept in
+    chunks in poll order, each sorted by offset: writers reserve bytes in about
+    that order, and a row a chunk boundary hides is caught by the read's own
+    check instead (:meth:`RecordLog.gather`).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._chunks: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self._counted = np.zeros(capacity, np.int64)  # the stamp at which each slot was counted evicted
+        #: Rows found evicted so far (each slot counted once per row it held).
+        self.rows = 0
+
+    def track(self, slots: np.ndarray, offsets: np.ndarray, stamps: np.ndarray) -> None:
+        if len(slots):
+            order = np.argsort(offsets, kind="stable")
+            self._chunks.append((offsets[order], slots[order], stamps[order]))
+
+    def expired(self, limit: int, seen: np.ndarray) -> np.ndarray:
+        """Tracked slots whose first record lies below ``limit`` and whose stamp is still ``seen``'s."""
+        dead: list[np.ndarray] = []
+        while self._chunks and self._chunks[0][0][0] < limit:
+            offsets, slots, stamps = self._chunks.popleft()
+            cut = int(np.searchsorted(offsets, limit))
+            gone, same = slots[:cut], stamps[:cut] == seen[slots[:cut]]
+            dead.append(gone[same])
+            if cut < len(offsets):
+                self._chunks.appendleft((offsets[cut:], slots[cut:], stamps[cut:]))
+        return np.unique(np.concatenate(dead)) if dead else np.zeros(0, np.int64)
+
+    def count(self, slots: np.ndarray, stamps: np.ndarray) -> None:
+        """Count the rows ``slots`` (holding ``stamps``) as evicted, each row once."""
+        fresh = self._counted[slots] != stamps
+        self.rows += int(np.count_nonzero(fresh))
+        self._counted[slots[fresh]] = stamps[fresh]
+
+
+__all__ = ["LOG_HEADER_BYTES", "RECORD_HEADER_BYTES", "Evictions", "RecordLog"]

@@ -1,0 +1,392 @@
+"""Shared-memory rows with compressed fields, written by actor processes: ``storage="shared"`` with a ``codec``.
+
+``storage_options={"codec": "lz4", "byte_budget": ...}`` keeps the chosen
+fields (by default the image fields, as for the host storage:
+:func:`~hetero_replay.storage.codec.field_codecs`) compressed. One file
+mapping, as for :class:`~hetero_replay.storage.shared.SharedStorage`, holds:
+
+* the ring's control block (tickets, stamps, writer table; :mod:`.ring`);
+* the fixed-size rows: the raw fields, as the shared storage lays them out;
+* per row and compressed field, its record's *reference*: the absolute log
+  offset and the length (int64 each);
+* the record log (:mod:`.record_log`): ``byte_budget`` bytes used as a
+  circular byte log.
+
+A writer compresses its batch in its own process (Blosc2, GIL released),
+before it takes any ticket, so a batch refused (a record larger than the
+budget) changes nothing. It then takes tickets and slots as any ring writer,
+appends the records with one atomic add on the log's head, writes the raw
+fields and references, and publishes the rows' stamps. A writer killed at any
+point loses only its own rows: its reserved log bytes are skipped like any
+overwritten record.
+
+**When the byte budget, not the capacity, is the limit**, the oldest records
+are overwritten first (the log is FIFO like the ring), and rows whose records
+are gone are *evicted*: never served, their priority 0 until their slot is
+rewritten, counted in :attr:`CompressedSharedStorage.evicted_rows`. With a
+budget of at least the capacity times the records' mean bytes per row (16 a
+record for its header included), nothing is evicted; :attr:`bytes_per_row`
+measures it. Unlike the host storage's budget (a hard limit that refuses
+writes), writers here cannot be refused by a budget they share with other
+processes without a lock: evicting the oldest keeps them lock-free.
+
+Frame de-duplication (``frames``) is not offered here: it needs a table of
+frames shared by every writer process, which this lock-free log does not have.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hetero_replay._native import compress_rows
+from hetero_replay.checks import is_int
+from hetero_replay.storage.base import check_host_batch
+from hetero_replay.storage.checkpoint import ReplayFileError
+from hetero_replay.storage.codec import ByteBudgetError, Codec, field_codecs
+from hetero_replay.storage.host import HostStorage, record_layout
+from hetero_replay.storage.record_log import RECORD_HEADER_BYTES, Evictions, RecordLog
+from hetero_replay.storage.ring import RingControl, RingOwner, RingReader, RingWriter, check_abandon_after
+from hetero_replay.storage.schema import Schema
+from hetero_replay.storage.shared import _remove_segment, _segment_dir, _write_taken
+
+#: Default byte budget as a fraction of the compressed fields' raw bytes: image fields compress 10-100x
+#: (docs/compression.md), so a quarter evicts nothing on them while taking 4x less memory than raw rows.
+DEFAULT_BUDGET_FRACTION = 4
+_BLOSC2_OVERHEAD = 32 + 4  # a chunk's most overhead (BLOSC2_MAX_OVERHEAD) and the record's CRC
+_LINE = 64
+
+
+@dataclass
+class EncodedRows:
+    """A batch with its compressed fields encoded: what a writer's :meth:`CompressedSegment.write_rows` takes."""
+
+    raw: dict[str, np.ndarray]  # the fields kept raw
+    names: list[str]  # the compressed fields present
+    records: list[bytes]  # row-major: row r's field names[f] at r * len(names) + f
+
+
+class CompressedSegment:
+    """One process's view of a compressed shared segment: control block, rows, references and log.
+
+    Writer processes open it by ``path`` (what :meth:`CompressedSharedStorage.writer` pickles); the
+    owner passes the ``control`` block it created.
+    """
+
+    def __init__(
+        self, path: str, codecs: Mapping[str, Any], log_bytes: int, control: RingControl | None = None
+    ) -> None:
+        self.control = RingControl.attach(path) if control is None else control
+        try:
+            self.codecs = field_codecs(self.control.schema, dict(codecs))
+            self.capacity = self.control.capacity
+            raw = {n: f for n, f in self.control.schema.items() if n not in self.codecs}
+            self.control.check_row_bytes(record_layout(raw)[1])
+            rows_bytes, refs_bytes, log_at = _layout(self.capacity, self.control.row_bytes, len(self.codecs))
+            payload = self.control.payload(log_at + RecordLog.region_bytes(log_bytes))
+            self.rows = HostStorage(
+                self.capacity, raw, records=payload[:rows_bytes].reshape(self.capacity, self.control.row_bytes)
+            )
+            refs = payload[rows_bytes : rows_bytes + refs_bytes].view(np.int64).reshape(self.capacity, 2, -1)
+            self.offsets, self.lengths = refs[:, 0], refs[:, 1]  # (capacity, fields) each
+            self.log = RecordLog(payload[log_at:], log_bytes)
+            if control is not None:  # the owner: the log's size, which writers check they agree with
+                self.log.words[1] = log_bytes
+            elif int(self.log.words[1]) != log_bytes:
+                raise ReplayFileError(
+                    f"{path}: a record log of {int(self.log.words[1])} bytes, the writer expects {log_bytes}"
+                )
+        except BaseException:
+            if control is None:
+                self.control.close()
+            raise
+        self._column = {n: i for i, n in enumerate(self.codecs)}
+        self._fields = dict(self.control.schema.items())
+
+    def encode(self, arrays: Mapping[str, np.ndarray]) -> EncodedRows:
+        """Compress the compressed fields among ``arrays`` (validated rows); changes nothing.
+
+        Raises:
+            ByteBudgetError: a row's records, or the batch's, do not fit the log.
+        """
+        rows = len(next(iter(arrays.values())))
+        names = [n for n in self.codecs if n in arrays]
+        per_field = [
+            compress_rows(
+                np.ascontiguousarray(arrays[n]).reshape(rows, -1).view(np.uint8),
+                self.codecs[n].name,
+                self.codecs[n].level,
+            )
+            for n in names
+        ]
+        records = [r for row in zip(*per_field) for r in row]
+        sizes = (
+            np.add.reduceat(
+                np.fromiter(map(len, records), np.int64, len(records)) + RECORD_HEADER_BYTES,
+                np.arange(0, len(records), max(len(names), 1)),
+            )
+            if records
+            else np.zeros(0, np.int64)
+        )
+        if sizes.size and (sizes.max() > self.log.log_bytes or sizes.sum() > self.log.log_bytes):
+            what = "a row's records" if sizes.max() > self.log.log_bytes else f"the {rows} rows' records"
+            raise ByteBudgetError(
+                f"byte_budget: {what} take {max(int(sizes.max()), int(sizes.sum()))} bytes (largest row "
+                f"{int(sizes.max())}), more than the whole record log of {self.log.log_bytes} bytes; nothing was "
+                "written (raise byte_budget, or add fewer rows a call)"
+            )
+        return EncodedRows({n: a for n, a in arrays.items() if n not in self.codecs}, names, records)
+
+    def write_rows(self, first: int, encoded: Any, taken: np.ndarray | None) -> None:
+        """Write the rows of tickets ``first + k`` (all, or where ``taken[k]``): records, references, raw fields.
+
+        ``encoded``: the :class:`EncodedRows` :meth:`encode` made of them (the ring's ``append`` encodes first).
+        """
+        rows = len(encoded.records) // max(len(encoded.names), 1) if encoded.names else _rows_of(encoded.raw)
+        picked = np.arange(rows, dtype=np.int64) if taken is None else np.flatnonzero(taken)
+        self._put_records((first + picked) % self.capacity, first + picked + 1, encoded, picked)
+        _write_taken(self.rows, self.capacity, first, encoded.raw, taken)
+
+    def put(self, start: int, encoded: EncodedRows, stamps: np.ndarray) -> None:
+        """Write rows at slots ``start, start + 1, ...`` whose stamps are (or will be) ``stamps`` (the owner's)."""
+        picked = np.arange(len(stamps), dtype=np.int64)
+        self._put_records((start + picked) % self.capacity, stamps, encoded, picked)
+        if encoded.raw:
+            self.rows.write(start, encoded.raw)
+
+    def _put_records(self, slots: np.ndarray, stamps: np.ndarray, encoded: EncodedRows, picked: np.ndarray) -> None:
+        if not encoded.names or not len(picked):
+            return
+        fields = len(encoded.names)
+        records = (
+            encoded.records
+            if len(picked) * fields == len(encoded.records)
+            else [encoded.records[k * fields + f] for k in picked.tolist() for f in range(fields)]
+        )
+        offsets = self.log.append(records, stamps).reshape(len(picked), fields)
+        lengths = np.fromiter(map(len, records), np.int64, len(records)).reshape(len(picked), fields)
+        columns = [self._column[n] for n in encoded.names]
+        self.offsets[slots[:, None], columns] = offsets
+        self.lengths[slots[:, None], columns] = lengths
+
+    def decode(
+        self, slots: np.ndarray, stamps: np.ndarray, names: Sequence[str]
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Compressed fields ``names`` of rows ``slots`` whose stamps were ``stamps``; mask of rows sound.
+
+        A row whose records are gone (evicted) or damaged reads as zeros and is not sound.
+        """
+        n = len(slots)
+        out = {name: np.empty((n, *self._fields[name].shape), self._fields[name].dtype) for name in names}
+        if not names:
+            return out, np.ones(n, bool)
+        columns = [self._column[name] for name in names]
+        sound = self.log.gather(
+            np.ascontiguousarray(self.offsets[slots][:, columns]),
+            np.ascontiguousarray(self.lengths[slots][:, columns]),
+            np.ascontiguousarray(stamps, np.int64),
+            [out[name].reshape(n, -1).view(np.uint8) for name in names],
+        )
+        return out, sound
+
+    def close(self) -> None:
+        self.rows = self.log = self.offsets = self.lengths = None  # type: ignore[assignment]
+        self.control.close()
+
+
+class CompressedSharedStorage(RingOwner):
+    """Rows of a :class:`Schema` in a shared file mapping, some fields compressed in a record log.
+
+    Args:
+        capacity: rows kept; the oldest ticket's row is overwritten first.
+        schema: the fields of a row.
+        codec: the compressed fields (:func:`~hetero_replay.storage.codec.field_codecs`: ``"lz4"``,
+            ``"zstd"`` or ``(name, level)`` for every image field, or ``{field: codec}``).
+        byte_budget: bytes of the record log (records and their 16-byte headers); default: the capacity
+            times, per compressed field, a quarter of its raw bytes (:data:`DEFAULT_BUDGET_FRACTION`) plus a
+            record's overhead (52 bytes).
+            Less than the capacity times the mean bytes a row takes evicts the oldest rows (see the
+            module's docstring).
+        frames: not supported here (``ValueError`` if given).
+        dir: directory of the segment file (as :class:`~hetero_replay.storage.shared.SharedStorage`).
+        abandon_after: as :class:`~hetero_replay.storage.shared.SharedStorage`.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        schema: Schema | Mapping[str, Any],
+        codec: Any = None,
+        byte_budget: int | None = None,
+        frames: Any = None,
+        dir: str | os.PathLike[str] | None = None,
+        abandon_after: float = 5.0,
+    ) -> None:
+        # Every argument is checked before the segment file is made.
+        abandon_after = check_abandon_after(abandon_after)
+        schema = schema if isinstance(schema, Schema) else Schema(schema)
+        if frames is not None and frames is not False:
+            raise ValueError(
+                "storage_options frames: de-duplicating frames needs a frame table shared by every writer process, "
+                "which storage='shared' does not have; use storage='host' for frames, or leave frames out"
+            )
+        if codec is None:
+            raise ValueError("storage_options byte_budget and frames apply to compressed fields: they need a codec")
+        codecs = field_codecs(schema, codec)
+        if not codecs:
+            raise ValueError(
+                f"storage_options codec={codec!r} compresses no field: a codec name goes to image fields (uint8, two "
+                "dimensions or more) and this schema has none; name fields with codec={field: codec}"
+            )
+        if byte_budget is None:
+            overhead = _BLOSC2_OVERHEAD + RECORD_HEADER_BYTES  # a record's bytes besides its data
+            share = sum(schema[n].item_bytes // DEFAULT_BUDGET_FRACTION + overhead for n in codecs)
+            worst_row = sum(schema[n].item_bytes + overhead for n in codecs)
+            byte_budget = max(capacity * share, 2 * worst_row)
+        elif not is_int(byte_budget) or isinstance(byte_budget, bool) or byte_budget < 1:
+            raise ValueError(f"storage_options byte_budget must be a positive integer (bytes), got {byte_budget!r}")
+        self.byte_budget = int(byte_budget)
+        raw = {n: f for n, f in schema.items() if n not in codecs}
+        row_bytes = record_layout(raw)[1]
+        _, _, log_at = _layout(capacity, row_bytes, len(codecs))
+        payload = log_at + RecordLog.region_bytes(self.byte_budget)
+        directory = _segment_dir(dir, payload)
+        path = os.path.join(directory, f"hetero-replay-{os.getpid()}-{secrets.token_hex(6)}.ring")
+        control = RingControl.create(path, capacity, schema, row_bytes, payload_bytes=payload)
+        self._remove = weakref.finalize(self, _remove_segment, path, os.getpid())
+        self._codec_spec = {n: [c.name, c.level] for n, c in codecs.items()}
+        self.segment = CompressedSegment(path, self._codec_spec, self.byte_budget, control=control)
+        self.control = control
+        self.capacity, self.schema, self.path = int(capacity), schema, path
+        self.codecs: dict[str, Codec] = self.segment.codecs
+        self.reader = RingReader(control, abandon_after)
+        self.evictions = Evictions(self.capacity)
+        self._tag = control.register(os.getpid())
+        self._first_column = 0  # each row's records are contiguous, the first field's first
+
+    # -- what the owner's writer and reads need ----------------------------------------
+
+    @property
+    def evicted_rows(self) -> int:
+        """Rows found to have lost their records to newer ones (the byte budget was the limit)."""
+        return self.evictions.rows
+
+    @property
+    def bytes_per_row(self) -> float:
+        """Mean log bytes (records and headers) of the rows held now: capacity times this is a budget that evicts nothing."""
+        held = self.reader.seen > 0
+        if not held.any():
+            return 0.0
+        return float(
+            (self.segment.lengths[held].sum() + RECORD_HEADER_BYTES * len(self.codecs) * held.sum()) / held.sum()
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the segment file (what the buffer takes in RAM once written)."""
+        return os.path.getsize(self.path)
+
+    def encode(self, arrays: Mapping[str, np.ndarray]) -> EncodedRows:
+        return self.segment.encode(arrays)
+
+    def write_rows(self, first: int, encoded: Any, taken: np.ndarray | None) -> None:
+        self.segment.write_rows(first, encoded, taken)
+
+    def poll(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ring's poll, plus the rows whose records the log overwrote among the gone ones."""
+        new, gone = self.reader.poll()
+        seen = self.reader.seen
+        if new.size:
+            self.evictions.track(new, self.segment.offsets[new, self._first_column], seen[new])
+        dead = self.evictions.expired(self.segment.log.reserved - self.byte_budget, seen)
+        if dead.size:
+            self.evictions.count(dead, seen[dead])
+            gone = np.union1d(gone, dead)
+        return new, gone
+
+    def read_intact(self, indices: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        slots = np.asarray(indices, np.int64)
+        rows = self.rows_of(slots)
+        compressed, sound = self.segment.decode(slots, self.reader.seen[slots], list(self.codecs))
+        rows.update(compressed)
+        intact = self.reader.intact(slots)
+        evicted = intact & ~sound
+        if evicted.any():
+            dead = np.unique(slots[evicted])
+            self.evictions.count(dead, self.reader.seen[dead])
+        return {name: rows[name] for name in self.schema}, intact & sound
+
+    def rows_of(self, slots: np.ndarray, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        raw = [n for n in (self.schema if names is None else names) if n not in self.codecs]
+        return self.segment.rows.gather(slots, raw) if raw else {}
+
+    # -- the storage protocol ------------------------------------------------------------
+
+    def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
+        return check_host_batch(self.schema, self.capacity, batch)
+
+    def validate_fields(self, fields: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
+        return check_host_batch(self.schema, self.capacity, fields, every_field=False)
+
+    def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
+        """Write validated rows at slots ``start, ...`` in place: their stamps stay (the owner holds its lock)."""
+        rows = _rows_of(arrays)
+        stamps = self.control.stamps[(start + np.arange(rows)) % self.capacity].copy()
+        self.segment.put(start, self.segment.encode(arrays), stamps)
+
+    def gather(self, indices: np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Rows at ``indices``; a row whose records were evicted reads as zeros in its compressed fields."""
+        slots = np.asarray(indices, np.int64)
+        names = list(self.schema) if fields is None else list(fields)
+        out = self.rows_of(slots, names)
+        out.update(self.segment.decode(slots, self.reader.seen[slots], [n for n in names if n in self.codecs])[0])
+        return {name: out[name] for name in names}
+
+    def export_rows(self, count: int, copy: bool = True) -> dict[str, np.ndarray]:
+        return self.gather(np.arange(count, dtype=np.int64))
+
+    def import_rows(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self.write(0, arrays)
+
+    def adopt(self, position: int, size: int, arrays: Mapping[str, np.ndarray]) -> None:
+        self.reader.adopt(position, size)
+        self.write(0, arrays)
+
+    def view(self, name: str) -> np.ndarray:
+        if name in self.codecs:
+            raise NotImplementedError(f"field {name!r} is compressed ({self.codecs[name]}): no live view")
+        return self.segment.rows.view(name)
+
+    def writer(self) -> RingWriter:
+        """A picklable handle actor processes add rows with (see :class:`RingWriter`)."""
+        location = {"path": self.path, "codecs": self._codec_spec, "log_bytes": self.byte_budget}
+        return RingWriter(CompressedSegment, location, self.schema, self.capacity)
+
+    def close(self) -> None:
+        """Tell writers the buffer is closed, unmap and remove the segment file."""
+        if self._remove.alive:
+            self.control.mark_closed()
+            self.segment.close()
+            self._remove()
+
+    def __repr__(self) -> str:
+        return f"CompressedSharedStorage({self.path!r}, capacity={self.capacity}, byte_budget={self.byte_budget})"
+
+
+def _layout(capacity: int, row_bytes: int, fields: int) -> tuple[int, int, int]:
+    """Bytes of the rows and of the references, and where the log starts (on its own cache line)."""
+    rows_bytes, refs_bytes = capacity * row_bytes, capacity * 2 * fields * 8
+    return rows_bytes, refs_bytes, -(-(rows_bytes + refs_bytes) // _LINE) * _LINE
+
+
+def _rows_of(arrays: Mapping[str, np.ndarray]) -> int:
+    return len(next(iter(arrays.values())))
+
+
+__all__ = ["DEFAULT_BUDGET_FRACTION", "CompressedSegment", "CompressedSharedStorage", "EncodedRows"]
