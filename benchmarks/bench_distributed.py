@@ -518,6 +518,8 @@ def shard_work_tasks(config: Any, n: int, staging: bool = True) -> list[Task]:
         n: offsets drawn and priorities updated per call.
         staging: add the two staging tasks.
     """
+    from hetero_replay.distributed.wire import updates_by_shard  # (here: bench_distributed_scaling runs older code)
+
     rng = np.random.default_rng(1)
 
     def full_shard(k: int, **changes: Any) -> ReplayShard:
@@ -527,16 +529,19 @@ def shard_work_tasks(config: Any, n: int, staging: bool = True) -> list[Task]:
 
     drawn, updated = full_shard(0), full_shard(1)
     total = drawn.replay.tree.total()
-    offsets = [rng.random(n) * total for _ in range(POOL)]
-    slots = [rng.integers(0, config.capacity, n) for _ in range(POOL)]
-    tds = [np.abs(rng.standard_normal(n)) for _ in range(POOL)]
+    offsets = [(rng.random(n) * total).tobytes() for _ in range(POOL)]  # as the learner sends them (wire)
+    epochs, incarnations = np.full(n, updated.replay.write_epoch, np.int64), np.full(n, updated.incarnation, np.int64)
+    entries = [  # the update entries as the learner sends them (wire)
+        updates_by_shard(np.zeros(n, np.int64), rng.integers(0, config.capacity, n), epochs, incarnations,
+                         np.abs(rng.standard_normal(n)), 1)[0]
+        for _ in range(POOL)
+    ]  # fmt: skip
 
-    def draw(o: np.ndarray) -> Any:
-        return drawn.draw(o, drawn.incarnation, drawn.version, total, False)
+    def draw(o: bytes) -> Any:
+        return drawn.draw((o, drawn.incarnation, drawn.version, total, False))
 
     def update(i: int) -> Any:
-        epochs = np.full(n, updated.replay.write_epoch, np.int64)
-        return updated.update(slots[i], epochs, updated.incarnation, tds[i], 1.0)
+        return updated.update(entries[i], 1.0)
 
     nothing = lambda: None  # noqa: E731
     size = config.capacity
@@ -550,10 +555,10 @@ def shard_work_tasks(config: Any, n: int, staging: bool = True) -> list[Task]:
     stager = full_shard(2, stage_rows=2**40)
     intake = full_shard(3, stage_rows=STAGED_CHUNKS * CHUNK)  # holds the chunks without taking them in unasked
 
-    def stage_then_draw(o: np.ndarray) -> Any:
+    def stage_then_draw(o: bytes) -> Any:
         for i in range(STAGED_CHUNKS):
             intake.stage(chunks[i % POOL], 1.0)
-        return intake.draw(o, intake.incarnation, intake.version, intake.replay.tree.total(), False)
+        return intake.draw((o, intake.incarnation, intake.version, intake.replay.tree.total(), False))
 
     staged = STAGED_CHUNKS * CHUNK
     return tasks + [

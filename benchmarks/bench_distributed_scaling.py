@@ -65,13 +65,12 @@ def child(args: argparse.Namespace) -> None:
     helpers = bd.start_helpers(args.writers)
     shard_file = ray.get(helpers[0].__ray_call__.remote(lambda _: __import__("hetero_replay").__file__))
     options: dict[str, Any] = {"staleness": args.staleness}
-    if args.batches_per_call > 1:
-        options["batches_per_call"] = args.batches_per_call
     fill = bd.transitions(args.capacity, np.random.default_rng(0))
     tds = bd.td_pool()
     cells = []
     for s in args.shards:
-        c = bd.Ours(s, args.capacity // s, **options)
+        m = per_call(args.batches_per_call, s)
+        c = bd.Ours(s, args.capacity // s, **options, **({"batches_per_call": m} if m > 1 else {}))
         c.fill(fill)
         ray.get([w.prepare.remote(f"ours-{s}", c.writer()) for w in helpers])
         c0 = time.process_time()
@@ -147,7 +146,13 @@ def probe_bytes(replay: Any, tds: list[Any], steps: int) -> dict[str, float]:
     }
 
 
-def run_variant(args: argparse.Namespace, name: str, code: Path | None, per_call: int, writers: int) -> dict[str, Any]:
+def per_call(spec: str, shards: int) -> int:
+    """Batches per call at ``shards`` shards: ``"4"`` is 4; ``"2S"`` is 2 per shard (one call per shard every 2S steps,
+    so S/m = 1/2 call per step at every S)."""
+    return int(spec[:-1]) * shards if spec.endswith("S") else int(spec)
+
+
+def run_variant(args: argparse.Namespace, name: str, code: Path | None, per_call: str, writers: int) -> dict[str, Any]:
     env = dict(os.environ)
     if code is not None:
         site = Path(tempfile.mkdtemp(prefix="h29-site-"))
@@ -206,7 +211,8 @@ def main() -> None:
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--writers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--staleness", type=int, default=2)
-    parser.add_argument("--batches-per-call", type=int, nargs="+", default=[4], help="the new code's (1: as before)")
+    parser.add_argument("--batches-per-call", nargs="+", default=["4"],
+                        help="m of each variant: an integer, or cS for c per shard (m = c * S)")  # fmt: skip
     parser.add_argument("--capacity", type=int, default=2**17)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3)
@@ -225,7 +231,10 @@ def main() -> None:
 
     variants = [(f"W={w}, new, {m} per call", None, m, w) for w in args.writers for m in args.batches_per_call]
     if args.base_dir is not None:
-        variants = [(f"W={w}, base", args.base_dir.resolve(), 1, w) for w in args.writers] + variants
+        base = args.base_dir.resolve()
+        variants = [
+            (f"W={w}, base, {m} per call", base, m, w) for w in args.writers for m in args.batches_per_call
+        ] + variants
     runs: dict[str, list[dict[str, Any]]] = {v[0]: [] for v in variants}
     load0, loads = os.getloadavg(), []
     for r in range(args.repeats):
@@ -256,8 +265,8 @@ def main() -> None:
     # The model is fitted per code variant and batches per call (the per-call costs scale with 1/m).
     models = {}
     model_lines: list[str] = []
-    for m_per_call in sorted({m for _, code, m, _ in variants if code is None}):
-        names = {w: n for n, code, m, w in variants if code is None and m == m_per_call}
+    for label, m_per_call in dict.fromkeys((("new" if code is None else "base", m) for _, code, m, _ in variants)):
+        names = {w: n for n, code, m, w in variants if ("new" if code is None else "base") == label and m == m_per_call}
         points = [(s, w, med[n, s]["learner_cpu_per_step_s"] * 1e6) for w, n in names.items() for s in args.shards]
         held = {(s, w) for s, w, _ in points if s in args.held_out_shards or w in args.held_out_writers}
         model = fit_learner_cpu(points, held)
@@ -265,13 +274,18 @@ def main() -> None:
                                   for n in names.values() for s in args.shards)  # fmt: skip
         model["bytes_per_transition"] = per_t
         model["projection"] = project(model["a_us"], model["b_us"], per_t, [8, 16, 32, 64])
-        models[m_per_call] = model
+        models[f"{label}, {m_per_call}"] = model
         errs = [abs(p["error"]) for p in model["points"] if p["held_out"]]
         model_lines += [
-            f"**{m_per_call} per call.** Learner CPU per step ≈ {model['a_us']:.0f} + {model['b_us']:.0f}·S µs, "
+            f"**{label}, {m_per_call} per call.** Learner CPU per step ≈ {model['a_us']:.0f} + {model['b_us']:.0f}·S µs, "
             f"fitted on S ∉ {{{', '.join(map(str, args.held_out_shards))}}}, W ∉ "
-            f"{{{', '.join(map(str, args.held_out_writers))}}}; on the {len(errs)} held-out points the model is off "
-            f"by {statistics.median(errs):.0%} (median), {max(errs):.0%} at most.",
+            f"{{{', '.join(map(str, args.held_out_writers))}}}; "
+            + (
+                f"on the {len(errs)} held-out points the model is off by {statistics.median(errs):.0%} (median), "
+                f"{max(errs):.0%} at most."
+                if errs
+                else "no point was held out."
+            ),
             "",
             *table(
                 ["S", "W", "measured µs/step", "model µs/step", "error", "held out"],

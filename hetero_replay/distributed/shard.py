@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from hetero_replay.distributed.wire import read_updates, row_dtype, rows_to_bytes
 from hetero_replay.options import PEROptions
 from hetero_replay.replay import PrioritizedReplay
 from hetero_replay.storage import DISK, HOST, Schema
@@ -67,17 +68,48 @@ class ShardSummary(NamedTuple):
     staged: int  # writers' rows waiting to join the tree
 
 
-class ShardDraw(NamedTuple):
-    """The rows at the offsets a learner sent, or ``rows=None`` when the shard had changed."""
+class DrawRequest(NamedTuple):
+    """What a learner's draw call asks a shard (see :meth:`ReplayShard.draw`).
 
-    rows: dict[str, np.ndarray] | None
-    slots: np.ndarray
-    priorities: np.ndarray
+    It travels as a plain tuple, ``tuple(request)``: Ray validates and
+    serialises one argument instead of seven, and packs a tuple of numbers and
+    bytes without pickling (about 170 µs less of the learner's CPU per call, measured).
+    """
+
+    offsets: bytes  # float64 masses in [0, routed_total)
+    incarnation: int  # the shard state the learner routed by
+    version: int
+    routed_total: float  # that state's total
+    serve_changed: bool  # serve even if the shard changed since (the last redraw)
+    updates: bytes = b""  # priority updates to apply after serving: records of wire.UPDATE_DTYPE
+    max_priority: float = 1.0  # the largest |td| + eps the learner knows
+
+
+class ShardDraw(NamedTuple):
+    """The transitions at the offsets a learner sent, or ``rows=None`` when the shard had changed.
+
+    It travels as a plain tuple (:meth:`plain`, :meth:`of`), its arrays as bytes
+    (:mod:`.wire`): what Ray moves without pickling.
+    """
+
+    rows: bytes | None  # records of wire.row_dtype(schema), one per offset
+    slots: bytes  # int64, one per offset
+    priorities: bytes  # float64 p ** alpha, one per offset
     epoch: int  # write epoch at the draw: later writes to these slots make their updates stale
     summary: ShardSummary  # after the draw, and after the updates and queued rows the call brought in
     current: bool  # served at the routed version (False: rescaled to a newer total, or nothing served)
     min: float  # the smallest positive priority when served (the IS weights' normaliser)
     dropped: int  # entries of the carried updates dropped (slot rewritten, or drawn before a restart)
+
+    def plain(self) -> tuple[Any, ...]:
+        """This reply as a plain tuple of numbers and bytes (its summary too), as it travels."""
+        return (*self[:4], tuple(self.summary), *self[5:])
+
+    @classmethod
+    def of(cls, reply: tuple[Any, ...]) -> ShardDraw:
+        """The reply a shard sent as :meth:`plain`."""
+        rows, slots, priorities, epoch, summary, *rest = reply
+        return cls(rows, slots, priorities, epoch, ShardSummary(*summary), *rest)
 
 
 @dataclass(frozen=True)
@@ -151,6 +183,7 @@ class ReplayShard:
         self._flushes = FlushSchedule(config.flush_every, config.flush_seconds)
         self._staged: list[Mapping[str, Any]] = []
         self._staged_rows = 0
+        self._row_dtype = row_dtype(self.replay.schema)
 
     # -- building and restoring ---------------------------------------------------
 
@@ -234,23 +267,21 @@ class ReplayShard:
         for batch in staged:
             self._append(batch)
 
-    def draw(
-        self, offsets: np.ndarray, incarnation: int, version: int, routed_total: float, serve_changed: bool,
-        updates: tuple[tuple[np.ndarray, np.ndarray, int, np.ndarray], ...] = (), max_priority: float = 1.0,
-    ) -> ShardDraw:  # fmt: skip
-        """The transitions at ``offsets`` (masses in ``[0, routed_total)``, the total of the routed version).
+    def draw(self, request: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The transitions at a :class:`DrawRequest`'s offsets (given as a plain tuple): a :class:`ShardDraw`, plain.
 
-        If this shard is no longer at ``(incarnation, version)`` it serves
-        nothing, unless ``serve_changed``: then the offsets are rescaled to its
-        current total (exact within the shard, the split across shards one
-        version old). ``updates`` (``(slots, epochs, incarnation, td_errors)``
-        each, as :meth:`update` takes them) are applied after serving: a learner
-        with staleness carries its updates on its next draw.
+        If this shard is no longer at the routed ``(incarnation, version)`` it
+        serves nothing, unless ``serve_changed``: then the offsets are rescaled
+        to its current total (exact within the shard, the split across shards
+        one version old). The request's ``updates`` (as :meth:`update` takes
+        them) are applied after serving: a learner with staleness carries its
+        updates on its next draw.
         """
+        offsets, incarnation, version, routed_total, serve_changed, updates, max_priority = DrawRequest(*request)
         current = (incarnation, version) == (self.incarnation, self.version)
         epoch, served_min = self.replay.write_epoch, self.replay.tree.min()
-        rows, slots, priorities = self._serve(np.asarray(offsets, np.float64), current, serve_changed, routed_total)
-        dropped = sum(self._apply_update(*u) for u in updates)
+        rows, slots, priorities = self._serve(np.frombuffer(offsets, np.float64), current, serve_changed, routed_total)
+        dropped = self._apply_update(updates)
         if updates:
             self.replay.lift_max_priority(max_priority)
         took = bool(self._staged)
@@ -259,8 +290,10 @@ class ReplayShard:
         if updates or took:
             self._changed()
         return ShardDraw(
-            rows, slots, priorities, epoch, self.summary(), current and rows is not None, served_min, dropped
-        )
+            None if rows is None else rows_to_bytes(rows, self._row_dtype), slots.tobytes(),
+            priorities.astype(np.float64).tobytes(), epoch, self.summary(), current and rows is not None,
+            served_min, dropped,
+        ).plain()  # fmt: skip
 
     def _serve(
         self, offsets: np.ndarray, current: bool, serve_changed: bool, routed_total: float
@@ -281,27 +314,31 @@ class ReplayShard:
         if rows is None:  # a row under an offset was being rewritten or is damaged: its slot left the tree
             self.version += 1
             return None, *nothing
-        return rows, slots, priorities
+        return rows, np.asarray(slots, np.int64), priorities
 
-    def update(
-        self, slots: np.ndarray, epochs: np.ndarray, incarnation: int, td_errors: np.ndarray, max_priority: float
-    ) -> tuple[int, ShardSummary]:
-        """Set priorities from ``|td|``, dropping entries whose slot was rewritten (or drawn before a restart).
+    def update(self, updates: bytes, max_priority: float) -> tuple[int, ShardSummary]:
+        """Set priorities from ``|td|`` (records of :data:`~.wire.UPDATE_DTYPE`), dropping entries whose slot was
+        rewritten since their draw or that were drawn before this shard restarted.
 
         Returns ``(entries dropped, summary)``. The learner has checked the values.
         """
-        dropped = self._apply_update(slots, epochs, incarnation, td_errors)
+        dropped = self._apply_update(updates)
         self.replay.lift_max_priority(max_priority)
         self._take_staged()
         self._changed()
         return dropped, self.summary()
 
-    def _apply_update(self, slots: np.ndarray, epochs: np.ndarray, incarnation: int, td_errors: np.ndarray) -> int:
-        if incarnation != self.incarnation:  # drawn from a previous incarnation: those slots may hold other rows
-            return len(slots)
-        dropped, _ = self.replay.update_priorities_since(slots, td_errors, np.asarray(epochs, np.int64))
+    def _apply_update(self, updates: bytes) -> int:
+        """Apply the update records of ``updates``; the number of entries dropped."""
+        records = read_updates(updates)
+        mine = records[records["incarnation"] == self.incarnation]  # others were drawn before a restart
+        if not mine.size:
+            return len(records)
+        dropped, _ = self.replay.update_priorities_since(
+            np.ascontiguousarray(mine["slot"]), np.ascontiguousarray(mine["td"]), np.ascontiguousarray(mine["epoch"])
+        )
         self.version += 1
-        return dropped
+        return dropped + len(records) - len(mine)
 
     def read(self, name: str, slots: np.ndarray) -> np.ndarray:
         return np.asarray(self.replay.read_rows(name, slots))

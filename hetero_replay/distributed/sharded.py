@@ -76,10 +76,11 @@ import numpy as np
 
 from hetero_replay import _native
 from hetero_replay.checks import check_batch_size, check_bool, check_int, check_real, check_seed
-from hetero_replay.distributed import cluster
+from hetero_replay.distributed import cluster, wire
 from hetero_replay.distributed.limiter import find_limiter, save_state, saved_state, settings_of, start_limiter
 from hetero_replay.distributed.shard import (
     SHARD_STORAGES,
+    DrawRequest,
     ShardConfig,
     ShardDraw,
     ShardSummary,
@@ -317,6 +318,7 @@ class ShardedReplay:
         self._prefetched: tuple[int, np.ndarray, list[Any]] | None = None  # staleness 2: (n, shard_of, replies)
         self._ready: deque[_Drawn] = deque()  # the batches of the last call not served yet
         self._max_leaf = max_leaf(np.dtype(self.options.priority_dtype), config.capacity)
+        self._row_dtype = wire.row_dtype(self.schema)  # a draw reply's rows (see wire)
         self.stats = {"batches": 0, "redraws": 0, "inexact_batches": 0, "dropped_updates": 0, "recoveries": 0}
         self._summaries: list[ShardSummary] = [
             cluster.wait_for(functools.partial(self._reply, h.summary), k, recovery_timeout, self.name)
@@ -583,8 +585,13 @@ class ShardedReplay:
         """One update call per shard (and incarnation) the entries name, without waiting for the replies."""
         # The max before this update: each shard raises its own from the entries it applies (not the dropped ones).
         top = max(s.max_priority for s in self._summaries)
-        for k, update in _by_shard(idx, td):
-            self._pending.append((k, self._shards[k].update.remote(*update, top)))
+        for k, entries in enumerate(self._updates_by_shard(idx, td)):
+            if entries:
+                self._pending.append((k, self._shards[k].update.remote(entries, top)))
+
+    def _updates_by_shard(self, idx: np.ndarray, td: np.ndarray) -> list[bytes]:
+        """Checked update entries as each shard takes them: one byte string of records per shard (see wire)."""
+        return wire.updates_by_shard(idx["shard"], idx["slot"], idx["epoch"], idx["incarnation"], td, self.num_shards)
 
     # -- routing and assembling ------------------------------------------------------------
 
@@ -629,21 +636,21 @@ class ShardedReplay:
         j, m = self._schedule.served, self.batches_per_call
         while (update := self._schedule.due(j)) is not None:
             self._send_updates(update.indices, update.td_errors)
-        carry: list[list[tuple[np.ndarray, np.ndarray, int, np.ndarray]]] = [[] for _ in self._shards]
+        carried = []
         while (update := self._schedule.due(j + m)) is not None:
-            for k, part in _by_shard(update.indices, update.td_errors):
-                carry[k].append(part)
-        top = max(s.max_priority for s in self._summaries)
-        replies = []
-        for k, h in enumerate(self._shards):
-            s = self._summaries[k]
-            offsets_k = offsets[shard_of == k]
-            replies.append(
-                h.draw.remote(
-                    offsets_k, s.incarnation, s.version, float(totals[k]), serve_changed, tuple(carry[k]), top
-                )
-            )
-        return replies
+            carried.append(update)
+        if carried:
+            idx, td = (np.concatenate(parts) for parts in zip(*((u.indices, u.td_errors) for u in carried)))
+            carry = self._updates_by_shard(idx, td)
+        else:
+            carry = [b""] * self.num_shards
+        _, offsets_of = wire.split_by_shard(shard_of, offsets, self.num_shards)
+        top = float(max(s.max_priority for s in self._summaries))
+        return [  # a plain tuple of numbers and bytes: what Ray sends cheapest (see DrawRequest)
+            h.draw.remote(tuple(DrawRequest(offsets_of[k], s.incarnation, s.version, float(totals[k]), serve_changed,
+                                            carry[k], top)))
+            for k, (h, s) in enumerate(zip(self._shards, self._summaries, strict=True))
+        ]  # fmt: skip
 
     def _receive(self, replies: list[Any]) -> list[ShardDraw] | None:
         """Wait for the draw replies; ``None`` if any shard had changed (or died: it is waited for)."""
@@ -655,7 +662,7 @@ class ShardedReplay:
             got = None  # a shard died: each reply is waited for on its own below
         for k, ref in enumerate(replies):
             try:
-                draw = self._ray.get(ref) if got is None else got[k]
+                draw = ShardDraw.of(self._ray.get(ref) if got is None else got[k])
             except cluster.actor_errors():
                 self._recover(k)
                 lost = True
@@ -668,28 +675,20 @@ class ShardedReplay:
         return draws
 
     def _assemble(self, n: int, shard_of: np.ndarray, draws: list[ShardDraw], inexact: bool) -> list[_Drawn]:
-        """The shards' replies put back in routed order, split into the call's batches of ``n``."""
-        order = np.argsort(shard_of, kind="stable")  # concatenated shard replies are in this order
-        in_order = bool((np.diff(shard_of) >= 0).all())  # stratified draws route in order already
+        """The shards' replies put back in routed order (one pass over all of them), split into batches of ``n``."""
+        # The shards' replies, joined, hold the draws grouped by shard (stable): `unsort` restores the routed order.
+        unsort = np.empty(len(shard_of), np.int64)
+        unsort[np.argsort(shard_of, kind="stable")] = np.arange(len(shard_of))
+        counts = [len(d.slots) // 8 for d in draws]
         index = np.empty(len(shard_of), INDEX_DTYPE)
-        priorities = np.concatenate([d.priorities for d in draws]).astype(np.float64)
-        parts = {
-            "shard": np.concatenate([np.full(len(d.slots), d.summary.shard, np.int32) for d in draws]),
-            "incarnation": np.concatenate([np.full(len(d.slots), d.summary.incarnation, np.int32) for d in draws]),
-            "slot": np.concatenate([d.slots for d in draws]),
-            "epoch": np.concatenate([np.full(len(d.slots), d.epoch, np.int64) for d in draws]),
-        }
-        data = {}
-        for name in self.schema:
-            data[name] = np.concatenate([d.rows[name] for d in draws if d.rows is not None])
-        if not in_order:
-            unsort = np.empty_like(order)
-            unsort[order] = np.arange(len(order))
-            priorities = priorities[unsort]
-            parts = {k: v[unsort] for k, v in parts.items()}
-            data = {k: v[unsort] for k, v in data.items()}
-        for k, v in parts.items():
-            index[k] = v
+        index["shard"] = np.repeat([d.summary.shard for d in draws], counts)
+        index["incarnation"] = np.repeat([d.summary.incarnation for d in draws], counts)
+        index["slot"] = wire.join([d.slots for d in draws], np.int64)
+        index["epoch"] = np.repeat([d.epoch for d in draws], counts)
+        index = index[unsort]
+        priorities = wire.join([d.priorities for d in draws], np.float64)[unsort]
+        rows = wire.join([d.rows for d in draws if d.rows is not None], self._row_dtype)
+        data = {name: rows[name][unsort] for name in self.schema}
         global_min = min(d.min for d in draws)  # each shard's, when it served: the state the batches were drawn from
         return [
             _Drawn(
@@ -906,18 +905,6 @@ def _sharded_staleness(staleness: int | StalenessOptions) -> StalenessOptions:
     if staleness.staleness > 2:
         raise ValueError(f"staleness must be 0, 1 or 2 for a ShardedReplay, got {staleness.staleness}")
     return staleness
-
-
-def _by_shard(idx: np.ndarray, td: np.ndarray) -> list[tuple[int, tuple[np.ndarray, np.ndarray, int, np.ndarray]]]:
-    """Checked update entries split as the shards take them: ``(shard, (slots, epochs, incarnation, td))``."""
-    out = []
-    for k in np.unique(idx["shard"]):
-        mine = idx["shard"] == k
-        sub = idx[mine]
-        for inc in np.unique(sub["incarnation"]):  # one per restart the batch straddles (almost always one)
-            part = sub["incarnation"] == inc
-            out.append((int(k), (sub["slot"][part], sub["epoch"][part], int(inc), td[mine][part])))
-    return out
 
 
 def _per_shard_options(options: Any, num_shards: int) -> list[dict[str, Any]]:
