@@ -40,6 +40,7 @@ from hetero_replay.protocol import Sample
 from hetero_replay.rate_limiter import RateLimiter
 from hetero_replay.storage import (
     DEFAULT_STORAGE,
+    HOST,
     DeviceStorage,
     DurableStorage,
     HostStorage,
@@ -50,7 +51,7 @@ from hetero_replay.storage import (
     durable_point,
     make_storage,
 )
-from hetero_replay.storage.codec import CompressedFields, parse_settings
+from hetero_replay.storage.codec import CompressedFields, parse_settings, storage_options_of
 from hetero_replay.trees import SumTree
 from hetero_replay.trees.base import MAX_CAPACITY
 from hetero_replay.trees.numpy_tree import as_indices
@@ -707,7 +708,9 @@ class PrioritizedReplay:
                 f"{cfg['capacity']} and schema {Schema.from_json(cfg['schema'])!r}; this one has "
                 f"capacity {self.capacity} and schema {self.schema!r}. Use PrioritizedReplay.from_state_dict."
             )
-        fresh = PrioritizedReplay.from_state_dict(state, tree=self.options.tree, **self._placement)
+        # This buffer's storage as it is: a compressed state into a raw buffer is decompressed.
+        placement = {"storage_options": None, **self._placement}
+        fresh = PrioritizedReplay.from_state_dict(state, tree=self.options.tree, **placement)
         with self._lock:
             if self._limiter is not None and "rate_limiter" in state:
                 self._limiter.load_state_dict(state["rate_limiter"])  # checked before it changes anything
@@ -727,11 +730,20 @@ class PrioritizedReplay:
     ) -> PrioritizedReplay:
         """A new buffer restored from :meth:`state_dict` output.
 
-        ``placement``: ``tree_device``, ``storage`` and ``device`` as in the
-        constructor (the state itself holds no placement: it loads anywhere).
+        ``placement``: ``tree_device``, ``storage``, ``device`` and ``storage_options`` as in the
+        constructor (the state itself holds no placement: it loads anywhere). A state of compressed
+        fields loaded into the host storage without ``storage_options`` keeps them compressed as they
+        were (its codec settings, its records as they are); ``storage_options=None`` asks for raw rows.
         ``rate_limiter``: as in the constructor; it continues the state's counters.
         """
         cfg = state["config"]
+        packed = state.get("compressed")
+        if (
+            packed is not None
+            and "storage_options" not in placement
+            and placement.get("storage", DEFAULT_STORAGE) == HOST
+        ):
+            placement = {**placement, "storage_options": storage_options_of(Schema.from_json(cfg["schema"]), packed)}
         buf = cls(
             int(cfg["capacity"]),
             Schema.from_json(cfg["schema"]),
@@ -744,7 +756,6 @@ class PrioritizedReplay:
             raise ValueError(f"inconsistent position {pos} / size {size} for capacity {buf.capacity}")
         storage, priorities = state["storage"], np.asarray(state["priorities"])
         # A compressed state holds its compressed fields' rows as records (checked where they are read).
-        packed = state.get("compressed")
         if packed is not None and not isinstance(packed, Mapping):
             raise ValueError(f"compressed: expected a mapping of settings and arrays, got {type(packed).__name__}")
         compressed = {} if packed is None else parse_settings(buf.schema, packed.get("settings"))[0]
@@ -802,8 +813,9 @@ class PrioritizedReplay:
     ) -> PrioritizedReplay:
         """Read a buffer written by :meth:`save`; a corrupt file raises ``ReplayFileError``.
 
-        ``placement``: ``tree_device``, ``storage`` and ``device`` as in the constructor;
-        ``rate_limiter`` as in the constructor (it continues the file's counters).
+        ``placement``: ``tree_device``, ``storage``, ``device`` and ``storage_options`` as in the
+        constructor (compressed fields stay compressed as saved unless ``storage_options`` is given, see
+        :meth:`from_state_dict`); ``rate_limiter`` as in the constructor (it continues the file's counters).
         """
         header, arrays = checkpoint.read(path)
         try:

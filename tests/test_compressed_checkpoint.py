@@ -153,6 +153,25 @@ def test_load_converts_between_settings(transitions, tmp_path, saved, target):
     assert_same_buffer(filled(transitions, SETTINGS.get(saved)), level)  # the same buffer, built again
 
 
+def test_load_keeps_the_saved_settings_unless_told_otherwise(transitions, tmp_path):
+    options = {"codec": {"obs": ("zstd", 2), "next_obs": ("zstd", 2)}, "frames": True, "byte_budget": 10**7}
+    buf = filled(transitions, options)
+    buf.save(tmp_path / "buf.replay")
+    as_saved = PrioritizedReplay.load(tmp_path / "buf.replay")  # no storage_options: compressed as it was
+    assert as_saved.storage.compressed.settings() == buf.storage.compressed.settings()
+    assert held_records(as_saved) == held_records(buf)
+    assert pickle.loads(pickle.dumps(as_saved)).storage.compressed.settings() == buf.storage.compressed.settings()
+    raw = PrioritizedReplay.load(tmp_path / "buf.replay", storage_options=None)  # asked for raw rows
+    assert raw.storage.compressed is None
+    assert_same_buffer(raw, as_saved)
+    copy = PrioritizedReplay.from_state_dict(buf.state_dict())
+    assert held_records(copy) == held_records(buf)
+    into_raw = PrioritizedReplay(64, SCHEMA)
+    into_raw.load_state_dict(buf.state_dict())  # this buffer's storage stays what it is
+    assert into_raw.storage.compressed is None
+    assert_same_buffer(into_raw, copy)
+
+
 def test_a_version_1_file_loads(tmp_path):
     """A file written by the previous format (compressed fields saved as decompressed rows)."""
     path = tmp_path / "v1.replay"

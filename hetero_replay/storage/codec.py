@@ -144,6 +144,17 @@ def parse_settings(schema: Mapping[str, Field], settings: Any) -> tuple[dict[str
     return codecs, pooled, budget
 
 
+def storage_options_of(schema: Mapping[str, Field], packed: Any) -> dict[str, Any]:
+    """The host storage's options that compress fields as :meth:`CompressedFields.export`'s ``packed`` says.
+
+    Raises:
+        ValueError: the settings are wrong (see :func:`parse_settings`).
+    """
+    settings = packed.get("settings") if isinstance(packed, Mapping) else None
+    codecs, pooled, budget = parse_settings(schema, settings)
+    return {"codec": {n: (c.name, c.level) for n, c in codecs.items()}, "frames": pooled or None, "byte_budget": budget}
+
+
 def packed_layout(
     schema: Mapping[str, Field], codecs: Mapping[str, Codec], pooled: Sequence[str], rows: int
 ) -> dict[str, tuple[np.dtype, tuple[int | None, ...]]]:
@@ -354,6 +365,7 @@ __all__ = [
     "CODECS",
     "packed_layout",
     "parse_settings",
+    "storage_options_of",
     "DEFAULT_LEVELS",
     "ByteBudgetError",
     "Codec",
