@@ -345,3 +345,62 @@ def test_sb3_save_and_load_replay_buffer_with_compress(tmp_path):
     assert held_records(b) == held_records(a)
     assert_same_buffer(a, b)
     env.close()
+
+
+def refused_or_intact(path: Path, original: PrioritizedReplay) -> str:
+    """Loading ``path`` raises ``ReplayFileError`` (nothing else) or gives back ``original``'s rows."""
+    try:
+        loaded = PrioritizedReplay.load(path)
+    except ReplayFileError:
+        return "refused"
+    want, got = original.storage.export_rows(len(original)), loaded.storage.export_rows(len(loaded))
+    for name in SCHEMA:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    return "intact"
+
+
+@pytest.fixture
+def small_saved(transitions, tmp_path) -> tuple[Path, PrioritizedReplay]:
+    buf = PrioritizedReplay(8, SCHEMA, seed=1, storage_options={"codec": "zstd", "frames": True, "byte_budget": 10**6})
+    buf.add({k: v[:8] for k, v in transitions.items()})
+    buf.save(tmp_path / "small.replay")
+    return tmp_path / "small.replay", buf
+
+
+HOSTILE = [None, True, -1, 0, 10, 2**70, 1.5, "zstd", "lz4", "", [], {}, ["zstd", 1], {"codec": "lz4"}]
+
+
+def test_hostile_codec_settings_are_refused_or_harmless(small_saved, tmp_path):
+    path, original = small_saved
+    settings = checkpoint.read(path)[0]["compressed"]
+    places = [("fields",), ("byte_budget",), ("fields", "obs")]
+    places += [("fields", f, k) for f in settings["fields"] for k in ("codec", "level", "frames")]
+    seen = {"refused": 0, "intact": 0}
+    for place in places:
+        for value in [*HOSTILE, KeyError]:  # KeyError: the key removed
+
+            def change(header, arrays, place=place, value=value):
+                *up, last = place
+                section = header["compressed"]
+                for key in up:
+                    section = section[key]
+                if value is KeyError:
+                    del section[last]
+                else:
+                    section[last] = value
+
+            seen[refused_or_intact(rewritten(path, tmp_path / "bad.replay", change), original)] += 1
+    assert seen["refused"] > seen["intact"] > 0  # e.g. another level, or no byte budget, loads the same rows
+
+
+def test_flipped_bytes_anywhere_are_refused_or_harmless(small_saved, tmp_path):
+    path, original = small_saved
+    good = path.read_bytes()
+    rng = np.random.default_rng(3)
+    seen = {"refused": 0, "intact": 0}
+    for pos in rng.choice(len(good), 300, replace=False).tolist():
+        bad = bytearray(good)
+        bad[pos] ^= 1 << int(rng.integers(8))
+        (tmp_path / "bad.replay").write_bytes(bytes(bad))
+        seen[refused_or_intact(tmp_path / "bad.replay", original)] += 1
+    assert seen["refused"] > 150
