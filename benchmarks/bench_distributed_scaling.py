@@ -5,20 +5,22 @@ they can while the learner samples B = 256 and updates B priorities) at the lear
 for S shards; it records the learner's sampled transitions/s and its CPU time per step
 (``time.process_time`` of the learner process, Ray's client threads included: the learner's Ray CPU).
 
-A *variant* is a code tree and a ``batches_per_call``: ``base`` runs the code of ``--base-dir`` (a git
-worktree of the starting commit, the native module copied in) in child processes whose ``sitecustomize``
-puts that tree first and hides the editable install, so Ray's shard and writer processes (which inherit
-``PYTHONPATH``) import it too; ``new`` runs this checkout. Every repeat runs every variant once, in turn
-(each in a fresh Ray instance); medians over repeats.
+A *variant* is a code tree and a ``batches_per_call`` ``m``, a number or ``cS`` (``c`` per shard: ``m = c * S``, so
+the learner makes ``S / m = 1 / c`` calls per step at every S): ``base`` runs the code of ``--base-dir`` (the
+starting commit's ``hetero_replay``, e.g. ``git archive``, the native module copied in) at each ``m`` too, in
+child processes whose ``sitecustomize`` puts that tree first and hides the editable install, so Ray's shard and
+writer processes (which inherit ``PYTHONPATH``) import it too; ``new`` runs this checkout. Every repeat runs
+every variant once, in turn (each in a fresh Ray instance); medians over repeats.
 
 It also records the bytes the learner moves per sampled transition (pickled sizes of its shard calls and of
-the replies it waits for, over untimed steps after each run), fits ``learner CPU per step = a + b * S`` per
-``batches_per_call`` on all (S, W) cells but the held-out ones (default S = 8 and W = 4), reports the model's
-error on those, and projects the learner-bound sample rate to 8..64 nodes (one shard each, 25 Gb/s).
+the replies it waits for, over untimed steps after each run), fits ``learner CPU per step = a + (r + c * S) / m``
+per code tree (per step, per round of calls, per shard call) on all its (S, m, W) cells but the held-out ones
+(default S = 8 and W = 4), reports the model's error on those, and projects the learner-bound sample rate at
+each variant's ``m`` to 8..64 nodes (one shard each, 25 Gb/s).
 
     python benchmarks/bench_distributed_scaling.py --batches-per-call 1 4 --seconds 2 --name distributed-scaling-s8
-    python benchmarks/bench_distributed_scaling.py --base-dir ../base --shards 1 2 4 --writers 2 \
-        --batches-per-call 1 4 8 --name distributed-scaling
+    python benchmarks/bench_distributed_scaling.py --base-dir ../base --shards 1 2 4 8 --writers 2 \
+        --batches-per-call 4 2S --seconds 2 --name distributed-scaling-s8-after
 """
 
 from __future__ import annotations
@@ -173,34 +175,41 @@ def run_variant(args: argparse.Namespace, name: str, code: Path | None, per_call
     return got
 
 
-def fit_learner_cpu(points: list[tuple[int, int, float]], held_out: set[tuple[int, int]]) -> dict[str, Any]:
-    """Least-squares ``learner CPU per step = a + b * S`` (µs) on the (S, W, µs) points not in ``held_out``.
+def fit_learner_cpu(points: list[tuple[int, int, int, float]], held_out: set[tuple[int, int]]) -> dict[str, Any]:
+    """Least-squares ``learner CPU per step = a + (r + c * S) / m`` (µs) on the (S, m, W, µs) points not in ``held_out``.
 
-    Returns ``a``, ``b`` and, for every point, the model's value and its relative error; the held-out points
-    validate the model (they were not fitted).
+    ``a`` is the learner's work per step (sample, update, IS weights), ``r`` its work per round of calls (routing,
+    one wait, assembling the replies), ``c`` its work per shard call (Ray's submit and reply, our encoding): a round
+    of S calls serves ``m`` steps. Returns ``a``, ``r``, ``c`` and, for every point, the model's value and its relative
+    error; the held-out (S, W) points validate the model (they were not fitted).
     """
     import numpy as np
 
-    fit = [(s, us) for s, w, us in points if (s, w) not in held_out]
-    a_matrix = np.array([[1.0, s] for s, _ in fit])
-    (a, b), *_ = np.linalg.lstsq(a_matrix, np.array([us for _, us in fit]), rcond=None)
-    rows = [{"shards": s, "writers": w, "measured_us": us, "model_us": a + b * s, "error": (a + b * s) / us - 1,
-             "held_out": (s, w) in held_out} for s, w, us in points]  # fmt: skip
-    return {"a_us": float(a), "b_us": float(b), "points": rows}
+    fit = [(s, m, us) for s, m, w, us in points if (s, w) not in held_out]
+    a_matrix = np.array([[1.0, 1.0 / m, s / m] for s, m, _ in fit])
+    (a, r, c), *_ = np.linalg.lstsq(a_matrix, np.array([us for *_, us in fit]), rcond=None)
+    rows = []
+    for s, m, w, us in points:
+        model = a + (r + c * s) / m
+        rows.append({"shards": s, "batches_per_call": m, "writers": w, "measured_us": us, "model_us": model,
+                     "error": model / us - 1, "held_out": (s, w) in held_out})  # fmt: skip
+    return {"a_us": float(a), "r_us": float(r), "c_us": float(c), "points": rows}
 
 
-def project(a_us: float, b_us: float, bytes_per_transition: float, nodes: list[int]) -> list[dict[str, float]]:
-    """Learner-bound sampled transitions/s with one shard per node: ``B / max(a + b*S, network time per step)``.
+def project(model: dict[str, Any], spec: str, bytes_per_transition: float, nodes: list[int]) -> list[dict[str, float]]:
+    """Learner-bound sampled transitions/s with one shard per node at ``spec`` batches per call (see :func:`per_call`):
+    ``B / max(a + (r + c * S) / m, network time per step)``.
 
     On separate nodes the shards' CPU is their own and staleness 2 hides the round trip behind the learner's
     step, so the learner's CPU per step and the bytes it moves set the rate. Network: 25 Gb/s at the learner.
     """
     out = []
     for s in nodes:
-        cpu = (a_us + b_us * s) * 1e-6
+        m = per_call(spec, s)
+        cpu = (model["a_us"] + (model["r_us"] + model["c_us"] * s) / m) * 1e-6
         net = BATCH * bytes_per_transition * 8 / NETWORK_BPS
-        out.append({"nodes": s, "learner_cpu_per_step_us": cpu * 1e6, "network_per_step_us": net * 1e6,
-                    "sampled_per_s": BATCH / max(cpu, net)})  # fmt: skip
+        out.append({"nodes": s, "batches_per_call": m, "learner_cpu_per_step_us": cpu * 1e6,
+                    "network_per_step_us": net * 1e6, "sampled_per_s": BATCH / max(cpu, net)})  # fmt: skip
     return out
 
 
@@ -262,24 +271,21 @@ def main() -> None:
                          f"{m['sent_bytes_per_transition']:.1f} / {m['received_bytes_per_transition']:.1f}",
                          f"{m['calls_per_step']:.2f}", f"{m['inserts_per_s']:,.0f}",
                          f"{m['redraws']:.0f} / {m['inexact']:.0f}"])  # fmt: skip
-    # The model is fitted per code variant and batches per call (the per-call costs scale with 1/m).
+    # One model per code tree, fitted over all its batches-per-call variants: the per-call costs scale with S/m.
     models = {}
     model_lines: list[str] = []
-    for label, m_per_call in dict.fromkeys((("new" if code is None else "base", m) for _, code, m, _ in variants)):
-        names = {w: n for n, code, m, w in variants if ("new" if code is None else "base") == label and m == m_per_call}
-        points = [(s, w, med[n, s]["learner_cpu_per_step_s"] * 1e6) for w, n in names.items() for s in args.shards]
-        held = {(s, w) for s, w, _ in points if s in args.held_out_shards or w in args.held_out_writers}
+    for label in dict.fromkeys("new" if code is None else "base" for _, code, _, _ in variants):
+        mine = [(n, spec, w) for n, code, spec, w in variants if ("new" if code is None else "base") == label]
+        points = [(s, per_call(spec, s), w, med[n, s]["learner_cpu_per_step_s"] * 1e6)
+                  for n, spec, w in mine for s in args.shards]  # fmt: skip
+        held = {(s, w) for s, _, w, _ in points if s in args.held_out_shards or w in args.held_out_writers}
         model = fit_learner_cpu(points, held)
-        per_t = statistics.median(med[n, s]["sent_bytes_per_transition"] + med[n, s]["received_bytes_per_transition"]
-                                  for n in names.values() for s in args.shards)  # fmt: skip
-        model["bytes_per_transition"] = per_t
-        model["projection"] = project(model["a_us"], model["b_us"], per_t, [8, 16, 32, 64])
-        models[f"{label}, {m_per_call}"] = model
+        model["projection"] = {}
         errs = [abs(p["error"]) for p in model["points"] if p["held_out"]]
         model_lines += [
-            f"**{label}, {m_per_call} per call.** Learner CPU per step ≈ {model['a_us']:.0f} + {model['b_us']:.0f}·S µs, "
-            f"fitted on S ∉ {{{', '.join(map(str, args.held_out_shards))}}}, W ∉ "
-            f"{{{', '.join(map(str, args.held_out_writers))}}}; "
+            f"**{label}.** Learner CPU per step ≈ {model['a_us']:.0f} + ({model['r_us']:.0f} + "
+            f"{model['c_us']:.0f}·S) / m µs (per step, per round of calls, per shard call), fitted on S ∉ "
+            f"{{{', '.join(map(str, args.held_out_shards))}}}, W ∉ {{{', '.join(map(str, args.held_out_writers))}}}; "
             + (
                 f"on the {len(errs)} held-out points the model is off by {statistics.median(errs):.0%} (median), "
                 f"{max(errs):.0%} at most."
@@ -288,10 +294,11 @@ def main() -> None:
             ),
             "",
             *table(
-                ["S", "W", "measured µs/step", "model µs/step", "error", "held out"],
+                ["S", "m", "W", "measured µs/step", "model µs/step", "error", "held out"],
                 [
                     [
                         str(p["shards"]),
+                        str(p["batches_per_call"]),
                         str(p["writers"]),
                         f"{p['measured_us']:,.0f}",
                         f"{p['model_us']:,.0f}",
@@ -302,22 +309,32 @@ def main() -> None:
                 ],
             ),  # fmt: skip
             "",
-            f"Projected, one shard per node, {per_t:.0f} B per sampled transition at 25 Gb/s:",
-            "",
-            *table(
-                ["nodes", "learner CPU µs/step", "network µs/step", "sampled transitions/s"],
-                [
-                    [
-                        str(p["nodes"]),
-                        f"{p['learner_cpu_per_step_us']:,.0f}",
-                        f"{p['network_per_step_us']:.1f}",
-                        f"{p['sampled_per_s']:,.0f}",
-                    ]
-                    for p in model["projection"]
-                ],
-            ),  # fmt: skip
-            "",
         ]
+        for spec in dict.fromkeys(spec for _, spec, _ in mine):
+            names = [n for n, sp, _ in mine if sp == spec]
+            per_t = statistics.median(med[n, s]["sent_bytes_per_transition"] + med[n, s]["received_bytes_per_transition"]
+                                      for n in names for s in args.shards)  # fmt: skip
+            projection = project(model, spec, per_t, [8, 16, 32, 64])
+            model["projection"][spec] = {"bytes_per_transition": per_t, "nodes": projection}
+            model_lines += [
+                f"Projected at m = {spec}, one shard per node, {per_t:.0f} B per sampled transition at 25 Gb/s:",
+                "",
+                *table(
+                    ["nodes", "m", "learner CPU µs/step", "network µs/step", "sampled transitions/s"],
+                    [
+                        [
+                            str(p["nodes"]),
+                            str(p["batches_per_call"]),
+                            f"{p['learner_cpu_per_step_us']:,.0f}",
+                            f"{p['network_per_step_us']:.1f}",
+                            f"{p['sampled_per_s']:,.0f}",
+                        ]
+                        for p in projection
+                    ],
+                ),  # fmt: skip
+                "",
+            ]
+        models[label] = model
     cmd = " ".join(["python", "benchmarks/bench_distributed_scaling.py", *sys.argv[1:]])
     lines = [
         "# ShardedReplay: learner throughput vs shards and writers, bytes per transition, projection",

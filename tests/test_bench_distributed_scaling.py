@@ -15,20 +15,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 bench = pytest.importorskip("bench_distributed_scaling")
 
 
-def test_fit_recovers_a_line_and_reports_held_out_points() -> None:
-    points = [(s, w, 300.0 + 250.0 * s) for s in (1, 2, 4, 8) for w in (1, 2)]
+def test_fit_recovers_per_step_per_round_and_per_call_costs_and_reports_held_out_points() -> None:
+    def cost(s: int, m: int) -> float:
+        return 300.0 + (100.0 + 250.0 * s) / m
+
+    points = [(s, m, w, cost(s, m)) for s in (1, 2, 4, 8) for m in (4, 2 * s) for w in (1, 2)]
     model = bench.fit_learner_cpu(points, held_out={(8, 1), (8, 2)})
 
     assert model["a_us"] == pytest.approx(300.0)
-    assert model["b_us"] == pytest.approx(250.0)
-    assert [p["held_out"] for p in model["points"]] == [s == 8 for s, _, _ in points]
+    assert model["r_us"] == pytest.approx(100.0)
+    assert model["c_us"] == pytest.approx(250.0)
+    assert [p["held_out"] for p in model["points"]] == [s == 8 for s, *_ in points]
     assert all(abs(p["error"]) < 1e-9 for p in model["points"])
 
 
-def test_projection_is_bound_by_the_slower_of_learner_cpu_and_network() -> None:
-    cpu_bound, net_bound = bench.project(300.0, 250.0, 100.0, [8]), bench.project(0.0, 0.0, 1e6, [8])
+def test_batches_per_call_is_a_number_or_a_number_per_shard() -> None:
+    assert [bench.per_call("4", s) for s in (1, 8)] == [4, 4]
+    assert [bench.per_call("2S", s) for s in (1, 8)] == [2, 16]
 
-    assert cpu_bound[0]["sampled_per_s"] == pytest.approx(256 / 2300e-6)
+
+def test_projection_is_bound_by_the_slower_of_learner_cpu_and_network() -> None:
+    model = {"a_us": 300.0, "r_us": 100.0, "c_us": 250.0}
+    cpu_bound = bench.project(model, "4", 100.0, [8])
+    per_shard = bench.project(model, "2S", 100.0, [8, 64])
+    net_bound = bench.project({"a_us": 0.0, "r_us": 0.0, "c_us": 0.0}, "4", 1e6, [8])
+
+    assert cpu_bound[0]["sampled_per_s"] == pytest.approx(256 / ((300 + (100 + 250 * 8) / 4) * 1e-6))
+    assert [p["batches_per_call"] for p in per_shard] == [16, 128]
+    assert per_shard[1]["sampled_per_s"] > per_shard[0]["sampled_per_s"]  # the calls per step stay S/m = 1/2
     assert net_bound[0]["sampled_per_s"] == pytest.approx(256 / (256 * 1e6 * 8 / 25e9))
 
 
