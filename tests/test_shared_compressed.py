@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import sys
 import time
@@ -315,3 +316,22 @@ def test_default_budget_is_a_quarter_of_the_raw_image_bytes_plus_record_overhead
     buf.add(pick(transitions, np.arange(32)))
     assert_rows_are_the_written_ones(transitions, buf.sample(32).data)
     buf.close()
+
+
+def test_a_pickled_or_restored_buffer_holds_the_same_rows(transitions, tmp_path):
+    """pickle and state_dict carry the rows decompressed; the copy compresses them into its own segment."""
+    buf = make(32, tmp_path, codec="zstd", byte_budget=1 << 20)
+    buf.add(pick(transitions, np.arange(40)[-32:]))
+    buf.update_priorities(np.arange(32), np.linspace(0.1, 2.0, 32))
+    copy = pickle.loads(pickle.dumps(buf))
+    restored = PrioritizedReplay.from_state_dict(
+        buf.state_dict(), storage="shared", storage_options={"dir": str(tmp_path), "codec": "lz4"}
+    )
+    for other in (copy, restored):
+        assert other.storage.path != buf.storage.path and len(other) == 32
+        np.testing.assert_array_equal(other.priorities.leaves(), buf.priorities.leaves())
+        assert_rows_are_the_written_ones(transitions, other.storage.gather(np.arange(32)))
+        assert_rows_are_the_written_ones(transitions, other.sample(16).data)
+        other.close()
+    buf.close()
+    assert os.listdir(tmp_path) == []

@@ -268,7 +268,6 @@ class CompressedSharedStorage(RingOwner):
         self.reader = RingReader(control, abandon_after)
         self.evictions = Evictions(self.capacity)
         self._tag = control.register(os.getpid())
-        self._first_column = 0  # each row's records are contiguous, the first field's first
 
     # -- what the owner's writer and reads need ----------------------------------------
 
@@ -303,7 +302,7 @@ class CompressedSharedStorage(RingOwner):
         new, gone = self.reader.poll()
         seen = self.reader.seen
         if new.size:
-            self.evictions.track(new, self.segment.offsets[new, self._first_column], seen[new])
+            self.evictions.track(new, self.segment.offsets[new].min(axis=1), seen[new])
         dead = self.evictions.expired(self.segment.log.reserved - self.byte_budget, seen)
         if dead.size:
             self.evictions.count(dead, seen[dead])
