@@ -21,6 +21,7 @@ import pytest
 
 from hetero_replay import PrioritizedReplay
 from hetero_replay._native import compress_rows
+from hetero_replay.pipeline import RelaxedReplay
 from hetero_replay.storage import make_storage
 from hetero_replay.storage.codec import ByteBudgetError
 from hetero_replay.storage.record_log import RECORD_HEADER_BYTES, Evictions
@@ -102,8 +103,8 @@ def die_mid_add(location: dict, t: dict[str, np.ndarray], stage: str, n: int, co
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def start(target, *args) -> mp.Process:
-    p = mp.get_context("fork").Process(target=target, args=args, daemon=True)
+def start(target, *args, method: str = "fork") -> mp.Process:
+    p = mp.get_context(method).Process(target=target, args=args, daemon=True)
     p.start()
     return p
 
@@ -334,4 +335,26 @@ def test_a_pickled_or_restored_buffer_holds_the_same_rows(transitions, tmp_path)
         assert_rows_are_the_written_ones(transitions, other.sample(16).data)
         other.close()
     buf.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_relaxed_pipeline_while_a_spawned_actor_laps_a_small_log(transitions, tmp_path):
+    """Rows are evicted and rewritten while the pipeline's worker reads them: every row served is whole."""
+    cap = 64
+    budget = int(24 * row_bytes(transitions, "lz4").max())
+    buf = make(cap, tmp_path, codec="lz4", byte_budget=budget)
+    buf.add(pick(transitions, np.arange(8)))
+    relaxed = RelaxedReplay(buf, staleness=2, prefetch=2, worker="thread")
+    n = len(transitions["action"])
+    actor = start(actor_adds, buf.writer(), np.arange(8, n), transitions, 5, method="spawn")
+    rng = np.random.default_rng(3)
+    steps = 0
+    while actor.is_alive() or steps < 20:
+        s = relaxed.sample(16)
+        assert_rows_are_the_written_ones(transitions, s.data)
+        relaxed.update_priorities(s.indices, rng.random(16) + 0.01)
+        steps += 1
+    join_all([actor])
+    assert buf.storage.evicted_rows > 0
+    relaxed.close()  # closes the buffer too
     assert os.listdir(tmp_path) == []
