@@ -271,6 +271,11 @@ def test_a_batch_larger_than_the_log_is_refused_and_changes_nothing(transitions,
     assert_rows_are_the_written_ones(transitions, buf.sample(8).data)
     writer.close()
     buf.close()
+    tiny = make(16, tmp_path, codec="lz4", byte_budget=256)  # less than one row's records
+    with pytest.raises(ByteBudgetError, match="a row's records take"):
+        tiny.add(pick(transitions, [0]))
+    assert tiny.storage.tickets == 0 and tiny.storage.segment.log.reserved == 0
+    tiny.close()
 
 
 def small_frames(ids: np.ndarray) -> np.ndarray:

@@ -67,6 +67,7 @@ _LINE = 64
 class EncodedRows:
     """A batch with its compressed fields encoded: what a writer's :meth:`CompressedSegment.write_rows` takes."""
 
+    rows: int
     raw: dict[str, np.ndarray]  # the fields kept raw
     names: list[str]  # the compressed fields present
     records: list[bytes]  # row-major: row r's field names[f] at r * len(names) + f
@@ -134,22 +135,25 @@ class CompressedSegment:
             if records
             else np.zeros(0, np.int64)
         )
-        if sizes.size and (sizes.max() > self.log.log_bytes or sizes.sum() > self.log.log_bytes):
-            what = "a row's records" if sizes.max() > self.log.log_bytes else f"the {rows} rows' records"
-            raise ByteBudgetError(
-                f"byte_budget: {what} take {max(int(sizes.max()), int(sizes.sum()))} bytes (largest row "
-                f"{int(sizes.max())}), more than the whole record log of {self.log.log_bytes} bytes; nothing was "
-                "written (raise byte_budget, or add fewer rows a call)"
+        if sizes.size and sizes.sum() > self.log.log_bytes:
+            largest = int(sizes.max())
+            what = (
+                f"a row's records take {largest} bytes"
+                if largest > self.log.log_bytes
+                else f"the {rows} rows' records take {int(sizes.sum())} bytes (add fewer rows a call)"
             )
-        return EncodedRows({n: a for n, a in arrays.items() if n not in self.codecs}, names, records)
+            raise ByteBudgetError(
+                f"byte_budget: {what}, more than the whole record log of {self.log.log_bytes} bytes; nothing was "
+                "written (raise byte_budget, see docs/compression.md)"
+            )
+        return EncodedRows(rows, {n: a for n, a in arrays.items() if n not in self.codecs}, names, records)
 
     def write_rows(self, first: int, encoded: Any, taken: np.ndarray | None) -> None:
         """Write the rows of tickets ``first + k`` (all, or where ``taken[k]``): records, references, raw fields.
 
         ``encoded``: the :class:`EncodedRows` :meth:`encode` made of them (the ring's ``append`` encodes first).
         """
-        rows = len(encoded.records) // max(len(encoded.names), 1) if encoded.names else _rows_of(encoded.raw)
-        picked = np.arange(rows, dtype=np.int64) if taken is None else np.flatnonzero(taken)
+        picked = np.arange(encoded.rows, dtype=np.int64) if taken is None else np.flatnonzero(taken)
         self._put_records((first + picked) % self.capacity, first + picked + 1, encoded, picked)
         _write_taken(self.rows, self.capacity, first, encoded.raw, taken)
 
@@ -335,7 +339,7 @@ class CompressedSharedStorage(RingOwner):
 
     def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
         """Write validated rows at slots ``start, ...`` in place: their stamps stay (the owner holds its lock)."""
-        rows = _rows_of(arrays)
+        rows = len(next(iter(arrays.values())))
         stamps = self.control.stamps[(start + np.arange(rows)) % self.capacity].copy()
         self.segment.put(start, self.segment.encode(arrays), stamps)
 
@@ -382,10 +386,6 @@ def _layout(capacity: int, row_bytes: int, fields: int) -> tuple[int, int, int]:
     """Bytes of the rows and of the references, and where the log starts (on its own cache line)."""
     rows_bytes, refs_bytes = capacity * row_bytes, capacity * 2 * fields * 8
     return rows_bytes, refs_bytes, -(-(rows_bytes + refs_bytes) // _LINE) * _LINE
-
-
-def _rows_of(arrays: Mapping[str, np.ndarray]) -> int:
-    return len(next(iter(arrays.values())))
 
 
 __all__ = ["DEFAULT_BUDGET_FRACTION", "CompressedSegment", "CompressedSharedStorage", "EncodedRows"]
