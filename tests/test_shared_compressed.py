@@ -339,6 +339,17 @@ def test_a_pickled_or_restored_buffer_holds_the_same_rows(transitions, tmp_path)
         assert_rows_are_the_written_ones(transitions, other.storage.gather(np.arange(32)))
         assert_rows_are_the_written_ones(transitions, other.sample(16).data)
         other.close()
+    # Restored into a log that holds 8 rows: the newest are kept, the others evicted, nothing refused.
+    per_row = int(row_bytes(transitions, "lz4").max())
+    small = PrioritizedReplay.from_state_dict(
+        buf.state_dict(),
+        storage="shared",
+        storage_options={"dir": str(tmp_path), "codec": "lz4", "byte_budget": 8 * per_row},
+    )
+    for _ in range(5):
+        assert (small.sample(16).data["action"] >= 40 - 16).all()
+    assert 32 - 16 <= small.storage.evicted_rows <= 32 - 8
+    small.close()
     buf.close()
     assert os.listdir(tmp_path) == []
 

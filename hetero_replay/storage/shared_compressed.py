@@ -61,6 +61,7 @@ from hetero_replay.storage.shared import _remove_segment, _segment_dir, _write_t
 DEFAULT_BUDGET_FRACTION = 4
 _BLOSC2_OVERHEAD = 32 + 4  # a chunk's most overhead (BLOSC2_MAX_OVERHEAD) and the record's CRC
 _LINE = 64
+_ADOPT_ROWS = 256  # rows a restore compresses and appends at a time, at most
 
 
 @dataclass
@@ -248,14 +249,16 @@ class CompressedSharedStorage(RingOwner):
                 f"storage_options codec={codec!r} compresses no field: a codec name goes to image fields (uint8, two "
                 "dimensions or more) and this schema has none; name fields with codec={field: codec}"
             )
+        overhead = _BLOSC2_OVERHEAD + RECORD_HEADER_BYTES  # a record's bytes besides its data
+        worst_row = sum(schema[n].item_bytes + overhead for n in codecs)  # rows that do not compress
         if byte_budget is None:
-            overhead = _BLOSC2_OVERHEAD + RECORD_HEADER_BYTES  # a record's bytes besides its data
             share = sum(schema[n].item_bytes // DEFAULT_BUDGET_FRACTION + overhead for n in codecs)
-            worst_row = sum(schema[n].item_bytes + overhead for n in codecs)
             byte_budget = max(capacity * share, 2 * worst_row)
         elif not is_int(byte_budget) or isinstance(byte_budget, bool) or byte_budget < 1:
             raise ValueError(f"storage_options byte_budget must be a positive integer (bytes), got {byte_budget!r}")
         self.byte_budget = int(byte_budget)
+        # Rows a restore appends at a time: few enough that they fit the log even uncompressed.
+        self._adopt_rows = max(1, min(_ADOPT_ROWS, self.byte_budget // worst_row))
         raw = {n: f for n, f in schema.items() if n not in codecs}
         row_bytes = record_layout(raw)[1]
         _, _, log_at = _layout(capacity, row_bytes, len(codecs))
@@ -358,8 +361,13 @@ class CompressedSharedStorage(RingOwner):
         self.write(0, arrays)
 
     def adopt(self, position: int, size: int, arrays: Mapping[str, np.ndarray]) -> None:
+        """Hold restored rows: appended oldest ticket first, a chunk at a time, so that a budget smaller
+        than the rows keeps the newest (as writes would have) instead of refusing the restore."""
         self.reader.adopt(position, size)
-        self.write(0, arrays)
+        oldest = position if size == self.capacity else 0
+        for lo in range(0, size, self._adopt_rows):
+            slots = (oldest + np.arange(lo, min(lo + self._adopt_rows, size))) % self.capacity
+            self.write(int(slots[0]), {name: a[slots] for name, a in arrays.items()})
 
     def view(self, name: str) -> np.ndarray:
         if name in self.codecs:
