@@ -57,6 +57,7 @@ HYPERPARAMS: dict[tuple[str, str], dict[str, Any]] = {
     ),
     ("sac", "Pendulum-v1"): dict(learning_rate=1e-3),
     ("tqc", "Pendulum-v1"): dict(learning_rate=1e-3),  # rl-baselines3-zoo, hyperparams/tqc.yml
+    ("crossq", "Pendulum-v1"): dict(policy_delay=2, policy_kwargs=dict(net_arch=[256, 256])),  # ... crossq.yml
     # rl-baselines3-zoo, hyperparams/qrdqn.yml: DQN's CartPole settings with 10 quantiles.
     ("qrdqn", "CartPole-v1"): dict(
         learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
