@@ -374,3 +374,26 @@ def test_relaxed_pipeline_while_a_spawned_actor_laps_a_small_log(transitions, tm
     assert buf.storage.evicted_rows > 0
     relaxed.close()  # closes the buffer too
     assert os.listdir(tmp_path) == []
+
+
+def test_a_record_overwritten_in_place_is_never_served(transitions, tmp_path):
+    """What a writer that reserved long ago and copies only now would do: bytes of a live record changed.
+
+    The head check cannot see it; the record's header (stamp, length) or its CRC does.
+    """
+    buf = make(16, tmp_path, codec="lz4", byte_budget=1 << 20)
+    buf.add(pick(transitions, np.arange(16)))
+    storage = buf.storage
+    log = storage.segment.log
+    header_at = int(storage.segment.offsets[3, 0]) % log.log_bytes
+    log.data[header_at : header_at + 8] = 0xFF  # row 3's first record: its header's stamp
+    body_at = int(storage.segment.offsets[5, 1]) % log.log_bytes + RECORD_HEADER_BYTES + 40
+    log.data[body_at : body_at + 4] ^= 0x5A  # row 5's second record: bytes inside the chunk
+    _, sound = storage.read_intact(np.arange(16))
+    np.testing.assert_array_equal(np.flatnonzero(~sound), [3, 5])
+    for _ in range(10):
+        s = buf.sample(32)
+        assert_rows_are_the_written_ones(transitions, s.data)
+        assert not np.isin(s.indices, [3, 5]).any()
+    np.testing.assert_array_equal(buf.priorities.leaves()[[3, 5]], 0)
+    buf.close()
