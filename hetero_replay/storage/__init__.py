@@ -10,6 +10,7 @@ placement  rows live on      storage
 =========  ================  =============================================
 host       cpu               :class:`HostStorage`, NumPy arrays
 shared     cpu               ``SharedStorage``: a file mapping actor processes add to
+                             (``CompressedSharedStorage`` with a ``codec``: a shared record log)
 disk       cpu               ``DiskStorage``: a ring file, parallel reads, durable points
 pinned     cpu               ``TorchStorage`` in page-locked host memory
 a device   any torch device  ``TorchStorage`` there (``"cpu"``, ``"cuda:1"``, ``"meta"``);
