@@ -85,6 +85,7 @@ from hetero_replay.storage.files import (
 from hetero_replay.storage.host import _contiguous_strides, record_layout
 from hetero_replay.storage.ring import (
     TICKET_MASK,
+    RawRows,
     RingControl,
     RingOwner,
     RingReader,
@@ -239,7 +240,7 @@ def _write_records(
     _pwrite_runs(fd, fmt, capacity, first, records, taken)
 
 
-class DiskRows:
+class DiskRows(RawRows):
     """A writer process's view of a disk ring: the control block mapped, the row file open."""
 
     def __init__(self, path: str) -> None:
@@ -260,7 +261,7 @@ class DiskRows:
         self.control.close()
 
 
-class DiskStorage(RingOwner):
+class DiskStorage(RingOwner, RawRows):
     """Rows of a :class:`Schema` in a ring file under ``path``; see the module docstring.
 
     Args:

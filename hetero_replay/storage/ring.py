@@ -313,26 +313,37 @@ class RowSink(Protocol):
 
     control: RingControl
 
-    def write_rows(self, first: int, arrays: Mapping[str, np.ndarray], taken: np.ndarray | None) -> None:
+    def encode(self, arrays: Mapping[str, np.ndarray]) -> Any:
+        """What :meth:`write_rows` takes for these validated rows (the arrays, or their compressed records).
+
+        Runs before any ticket is taken, so a batch it refuses (``ByteBudgetError``) changes nothing.
+        """
+
+    def write_rows(self, first: int, arrays: Any, taken: np.ndarray | None) -> None:
         """Write the rows of tickets ``first + k`` (all, or those where ``taken[k]``)."""
 
     def close(self) -> None: ...
 
 
+class RawRows:
+    """A :class:`RowSink` half: rows are written as they come (nothing to encode)."""
+
+    def encode(self, arrays: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        return arrays
+
+
 def append(sink: RowSink, tag: int, rows: int, arrays: Mapping[str, np.ndarray]) -> tuple[int, np.ndarray, int]:
     """Reserve, take, write and publish ``rows`` validated rows: ``(first ticket, taken mask, rows committed)``.
 
-    A sink with an ``encode(arrays)`` method (rows compressed before they are written) encodes first, so
-    that a batch it refuses changes nothing: no ticket is taken and no slot's row is lost.
+    The sink encodes the rows first, so that a batch it refuses changes nothing: no ticket is taken and
+    no slot's row is lost.
     """
     control = sink.control
-    encode = getattr(sink, "encode", None)
-    if encode is not None:
-        arrays = encode(arrays)
+    encoded = sink.encode(arrays)
     first = control.reserve(rows)
     taken, lapped = control.acquire(first, rows, tag)
     try:
-        sink.write_rows(first, arrays, taken if lapped else None)
+        sink.write_rows(first, encoded, taken if lapped else None)
     except BaseException:
         control.release(first, taken, tag)
         raise

@@ -36,14 +36,14 @@ import numpy as np
 from hetero_replay.storage.durable import check_path
 from hetero_replay.storage.files import check_directory
 from hetero_replay.storage.host import HostStorage, record_layout
-from hetero_replay.storage.ring import RingControl, RingOwner, RingReader, RingWriter, check_abandon_after
+from hetero_replay.storage.ring import RawRows, RingControl, RingOwner, RingReader, RingWriter, check_abandon_after
 from hetero_replay.storage.schema import Schema
 
 #: Where segments go by default, when it has room.
 SHM_DIR = "/dev/shm"
 
 
-class SharedRows:
+class SharedRows(RawRows):
     """A writer process's view of a shared segment: the control block and the rows, mapped."""
 
     def __init__(self, path: str) -> None:
@@ -63,7 +63,7 @@ class SharedRows:
         self.control.close()
 
 
-class SharedStorage(RingOwner, HostStorage):
+class SharedStorage(RingOwner, RawRows, HostStorage):
     """Rows of a :class:`Schema` in a shared file mapping; writer processes add with :meth:`writer`.
 
     Args:
