@@ -43,7 +43,11 @@ offsets of ``m`` batches, routed by the same summaries and served in one go: all
 ``m`` are drawn exactly from the one state the call was issued in, and the
 learner hands them over one per :meth:`~ShardedReplay.sample` (IS weights made
 then, with that call's ``beta``). The learner's Ray cost per batch drops about
-``m``-fold; batch ``j`` of a call is ``m - 1 + j`` steps staler than ``k``.
+``m``-fold; batch ``j`` of a call is ``m - 1 + j`` steps staler than ``k``. With
+``m = c * num_shards`` the learner makes ``1 / c`` calls per step at any shard count.
+
+Calls and replies carry only numbers, bools and bytes (arrays as the bytes of
+one contiguous array each, :mod:`.wire`): what Ray moves without pickling.
 
 Priority updates are checked on the learner, then sent, one call per shard,
 without waiting: their replies are collected before the next sample needs the
