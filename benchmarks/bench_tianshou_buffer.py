@@ -15,11 +15,14 @@ thread, our tree on one thread:
 * **hasnull** — the collector's NaN check after each ``collect``.
 
 ``--e2e`` measures the whole loop instead: env-steps/s of Tianshou DQN on CartPole-v1
-with 4 envs through ``OffPolicyTrainer`` and :class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper`
-(the standard setup of ``hetero_replay.adapters.tianshou.workload``: buffer 50k
-filled with 1000 random steps, 16 env steps and 4 updates of batch 64 per training
-step), with our buffer at staleness 0 and 1 and with Tianshou's
-``PrioritizedVectorReplayBuffer``; runs interleaved, median of paired ratios:
+with 4 envs through ``OffPolicyTrainer`` (the standard setup of
+``hetero_replay.adapters.tianshou.workload``: buffer 50k filled with 1000 random
+steps, 16 env steps and 4 updates of batch 64 per training step), as a user runs
+it either way: Tianshou's stock DQN with its ``PrioritizedVectorReplayBuffer``,
+against our buffer with the DQN wrapped in
+:class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper` at staleness 0 and 1;
+runs interleaved, medians of paired ratios of wall-clock rates and of CPU-time
+rates (the process's CPU seconds: less sensitive to other jobs on the machine):
 
     python benchmarks/bench_tianshou_buffer.py --e2e --steps 8000 --repeats 5
 
@@ -98,21 +101,33 @@ def end_to_end(steps: int, repeats: int) -> int:
 
     torch.set_num_threads(1)
     hetero_replay.set_num_threads(1)
-    rates: dict[str, list[float]] = {label: [] for label in E2E}
+    rates: dict[str, list[tuple[float, float]]] = {label: [] for label in E2E}
     for r in range(repeats):
-        for label, (ours, staleness) in E2E.items():
+        order = list(E2E) if r % 2 == 0 else list(reversed(E2E))  # alternate who runs first
+        for label in order:
+            ours, staleness = E2E[label]
             rates[label].append(train_rate(ours, staleness, steps, seed=r))
-            print(f"repeat {r + 1}/{repeats} {label:14s} {rates[label][-1]:8.0f} env-steps/s", flush=True)
-    print(f"\n| DQN CartPole, 4 envs | env-steps/s (median of {repeats}) | ratio to tianshou-per (median of paired) |")
-    print("|---|---|---|")
+            wall, cpu = rates[label][-1]
+            print(f"repeat {r + 1}/{repeats} {label:14s} {wall:8.0f} env-steps/s, {cpu:8.0f} per CPU-s", flush=True)
+    print(
+        f"\n| DQN CartPole, 4 envs | env-steps/s (median of {repeats}) | ratio to tianshou-per (median of paired) "
+        "| env-steps per CPU-s | ratio (CPU) |"
+    )
+    print("|---|---|---|---|---|")
+    base = rates["tianshou-per"]
     for label, values in rates.items():
-        ratio = statistics.median(a / b for a, b in zip(values, rates["tianshou-per"]))
-        print(f"| {label} | {statistics.median(values):.0f} | {ratio:.2f} |")
+        ratio = statistics.median(a[0] / b[0] for a, b in zip(values, base))
+        cpu_ratio = statistics.median(a[1] / b[1] for a, b in zip(values, base))
+        wall, cpu = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
+        print(f"| {label} | {wall:.0f} | {ratio:.2f} | {cpu:.0f} | {cpu_ratio:.2f} |")
     return 0
 
 
-def train_rate(ours: bool, staleness: int, steps: int, seed: int) -> float:
-    """One timed ``OffPolicyTrainer`` epoch of ``steps`` env steps (after 1000 random ones); env-steps/s."""
+def train_rate(ours: bool, staleness: int, steps: int, seed: int) -> tuple[float, float]:
+    """One timed ``OffPolicyTrainer`` epoch of ``steps`` env steps (after 1000 random ones).
+
+    Returns env steps per second of wall-clock time and per second of the process's CPU time.
+    """
     import gymnasium as gym
     from tianshou.data import Collector, CollectStats
     from tianshou.env import DummyVectorEnv
@@ -124,11 +139,11 @@ def train_rate(ours: bool, staleness: int, steps: int, seed: int) -> float:
     hp, n_envs = STANDARD_HYPERPARAMS["dqn"], 4
     torch.manual_seed(seed)
     np.random.seed(seed)
-    algorithm = PEROffPolicyWrapper(
-        wrapped_algorithm=standard_algorithm("dqn", gym.make("CartPole-v1"), hp),
-        beta=LinearBetaSchedule(0.4, 1.0, 100_000),
-        staleness=staleness,
-    )
+    algorithm: Any = standard_algorithm("dqn", gym.make("CartPole-v1"), hp)
+    if ours:  # Tianshou's own PER buffer goes with its stock algorithm, which weights and updates by itself
+        algorithm = PEROffPolicyWrapper(
+            wrapped_algorithm=algorithm, beta=LinearBetaSchedule(0.4, 1.0, 100_000), staleness=staleness
+        )
     algorithm.policy.set_eps_training(hp.extra["eps_final"])
     if ours:
         buffer: Any = HeteroPrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=0.6, beta=0.4, random_seed=seed)
@@ -149,11 +164,12 @@ def train_rate(ours: bool, staleness: int, steps: int, seed: int) -> float:
     )  # fmt: skip
     trainer.reset()  # the envs and the collector's counts, not the buffer
     before = collector.collect_step
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     trainer.execute_epoch()
-    rate = (collector.collect_step - before) / (time.perf_counter() - start)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    steps_done = collector.collect_step - before
     collector.close()
-    return rate
+    return steps_done / wall, steps_done / cpu
 
 
 def step_batches(envs: int, count: int, rng: np.random.Generator) -> list[Batch]:
