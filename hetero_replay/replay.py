@@ -44,6 +44,7 @@ from hetero_replay.storage import (
     DeviceStorage,
     DurableStorage,
     HostStorage,
+    RecordRing,
     RingStorage,
     Schema,
     Storage,
@@ -51,7 +52,7 @@ from hetero_replay.storage import (
     durable_point,
     make_storage,
 )
-from hetero_replay.storage.codec import CompressedFields, parse_settings, storage_options_of
+from hetero_replay.storage.codec import CompressedFields, absent_rows, parse_settings, storage_options_of
 from hetero_replay.trees import SumTree
 from hetero_replay.trees.base import MAX_CAPACITY
 from hetero_replay.trees.numpy_tree import as_indices
@@ -685,10 +686,13 @@ class PrioritizedReplay:
         if self._limiter is not None:
             state["rate_limiter"] = self._limiter.state_dict()
         if rows:
-            if isinstance(self.storage, HostStorage) and self.storage.compressed is not None:  # records as they are
+            if (isinstance(self.storage, HostStorage) and self.storage.compressed is not None) or isinstance(
+                self.storage, RecordRing
+            ):  # records as they are
                 state["storage"], packed = self.storage.export_state(self._size, copy=copy)
                 if packed is not None:
                     state["compressed"] = packed
+                    self.priorities.clear(absent_rows(packed, self._size))  # rows a shared log lost: not drawn
             else:
                 state["storage"] = self.storage.export_rows(self._size, copy=copy)
             state["priorities"] = self.priorities.leaves()[: self._size]
@@ -734,6 +738,8 @@ class PrioritizedReplay:
         constructor (the state itself holds no placement: it loads anywhere). A state of compressed
         fields loaded into the host storage without ``storage_options`` keeps them compressed as they
         were (its codec settings, its records as they are); ``storage_options=None`` asks for raw rows.
+        A compressed shared storage (``storage="shared"`` with a ``codec``) appends the records to its log as
+        they are where it compresses the fields alike, and converts them otherwise.
         ``rate_limiter``: as in the constructor; it continues the state's counters.
         """
         cfg = state["config"]
@@ -776,6 +782,8 @@ class PrioritizedReplay:
         rows = {name: np.asarray(storage[name]) for name in raw}
         if packed is not None and isinstance(buf.storage, HostStorage) and buf._ring is None:
             buf.storage.import_state(rows, packed, size)  # records adopted as they are, or converted
+        elif packed is not None and isinstance(buf.storage, RecordRing):
+            buf.storage.adopt_state(pos, size, rows, packed)  # the same, appended to its record log
         else:
             if packed is not None:  # a storage without these codecs: the rows decompressed
                 source = CompressedFields.restored(buf.schema, packed, size)

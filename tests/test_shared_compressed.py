@@ -96,7 +96,7 @@ def die_mid_add(location: dict, t: dict[str, np.ndarray], stage: str, n: int, co
     taken, lapped = control.acquire(first, n, tag)
     assert taken.all() and lapped == 0
     if stage == "records":  # the records in the log, the rows' references and raw fields not yet
-        sink._put_records((first + np.arange(n)) % control.capacity, first + np.arange(n) + 1, encoded, np.arange(n))
+        sink.put_records((first + np.arange(n)) % control.capacity, first + np.arange(n) + 1, encoded, np.arange(n))
     else:  # "written": everything but the stamps
         sink.write_rows(first, encoded, None)
     conn.send(first)
@@ -325,7 +325,7 @@ def test_default_budget_is_a_quarter_of_the_raw_image_bytes_plus_record_overhead
 
 
 def test_a_pickled_or_restored_buffer_holds_the_same_rows(transitions, tmp_path):
-    """pickle and state_dict carry the rows decompressed; the copy compresses them into its own segment."""
+    """pickle and state_dict carry the records: a copy compressing alike appends them to its log, another converts."""
     buf = make(32, tmp_path, codec="zstd", byte_budget=1 << 20)
     buf.add(pick(transitions, np.arange(40)[-32:]))
     buf.update_priorities(np.arange(32), np.linspace(0.1, 2.0, 32))

@@ -33,7 +33,7 @@ from typing import Any
 
 from hetero_replay import registry
 from hetero_replay.registry import ANY_TORCH_DEVICE, register_storage
-from hetero_replay.storage.base import DeviceStorage, DurableStorage, RingStorage, Storage
+from hetero_replay.storage.base import DeviceStorage, DurableStorage, RecordRing, RingStorage, Storage
 from hetero_replay.storage.host import HostStorage
 from hetero_replay.storage.schema import Field, Schema
 
@@ -198,6 +198,7 @@ __all__ = [
     "DurableStorage",
     "Field",
     "HostStorage",
+    "RecordRing",
     "RingStorage",
     "Schema",
     "Storage",

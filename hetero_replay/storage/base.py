@@ -11,6 +11,7 @@ What a storage can do beyond storing is said by the protocols it meets, which
 its owner asks with ``isinstance`` (never by the storage's name):
 
 * :class:`RingStorage`: other processes add rows (writer handles, polls, reads checked whole);
+* :class:`RecordRing`: a ring storage whose compressed fields' records are saved as they are;
 * :class:`DurableStorage`: durable points, and reopening at the last one after a crash;
 * :class:`DeviceStorage`: rows are torch tensors on a device, so batches are too.
 """
@@ -95,6 +96,21 @@ class RingStorage(Storage, Protocol):
 
     def writer(self) -> Any:
         """A picklable handle other processes add rows with."""
+
+
+@runtime_checkable
+class RecordRing(RingStorage, Protocol):
+    """A ring storage keeping fields compressed, whose state dicts and files hold their records as they are.
+
+    The form is the host storage's (:meth:`~hetero_replay.storage.host.HostStorage.export_state`):
+    the raw fields' rows, and per compressed field its records and their offsets with the codec settings.
+    """
+
+    def export_state(self, count: int, copy: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The first ``count`` rows: the raw fields' rows, and the compressed fields' records as they are."""
+
+    def adopt_state(self, position: int, size: int, rows: Mapping[str, Any], packed: Mapping[str, Any]) -> None:
+        """:meth:`RingStorage.adopt` of a state in :meth:`export_state`'s form (of this storage or another)."""
 
 
 @runtime_checkable
@@ -203,4 +219,4 @@ def _fmt(shape: tuple[Any, ...]) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-__all__ = ["DeviceStorage", "DurableStorage", "RingStorage", "Storage", "check_batch", "check_host_batch"]
+__all__ = ["DeviceStorage", "DurableStorage", "RecordRing", "RingStorage", "Storage", "check_batch", "check_host_batch"]

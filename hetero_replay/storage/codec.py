@@ -144,6 +144,23 @@ def parse_settings(schema: Mapping[str, Field], settings: Any) -> tuple[dict[str
     return codecs, pooled, budget
 
 
+def settings_json(codecs: Mapping[str, Codec], pooled: Sequence[str], byte_budget: int | None) -> dict[str, Any]:
+    """Compressed fields' settings as state dicts and files hold them (what :func:`parse_settings` reads):
+    ``{"fields": {name: {"codec", "level", "frames"}}, "byte_budget"}``."""
+    fields = {n: {"codec": c.name, "level": c.level, "frames": n in pooled} for n, c in codecs.items()}
+    return {"fields": fields, "byte_budget": byte_budget}
+
+
+def absent_rows(packed: Mapping[str, Any], rows: int) -> np.ndarray:
+    """Rows (of ``rows`` exported) without a record in some field of ``packed`` (:meth:`CompressedFields.export`'s
+    form, checked): rows a shared record log no longer held when saved, which are never served."""
+    absent = np.zeros(rows, bool)
+    for name, array in packed["arrays"].items():
+        if name.endswith("/offsets"):  # a field of one record a row (the frames' is "frame_offsets")
+            absent |= np.diff(array) == 0
+    return np.flatnonzero(absent)
+
+
 def storage_options_of(schema: Mapping[str, Field], packed: Any) -> dict[str, Any]:
     """The host storage's options that compress fields as :meth:`CompressedFields.export`'s ``packed`` says.
 
@@ -294,10 +311,11 @@ class CompressedFields:
 
     def settings(self) -> dict[str, Any]:
         """How the fields are compressed, as JSON: ``{"fields": {name: {"codec", "level", "frames"}}, "byte_budget"}``."""
-        fields = {
-            n: {"codec": c.name, "level": c.level, "frames": n not in self._records} for n, c in self.codecs.items()
-        }
-        return {"fields": fields, "byte_budget": self.byte_budget}
+        return settings_json(self.codecs, self.pooled, self.byte_budget)
+
+    def records(self, name: str) -> list[bytes | None]:
+        """The records of field ``name`` (not pooled), one per slot (``None``: no row written there)."""
+        return self._records[name]
 
     def export(self, rows: int) -> dict[str, Any]:
         """The records of rows ``0 .. rows - 1`` as they are: ``{"settings": ..., "arrays": {name: array}}``
@@ -363,8 +381,10 @@ class CompressedFields:
 
 __all__ = [
     "CODECS",
+    "absent_rows",
     "packed_layout",
     "parse_settings",
+    "settings_json",
     "storage_options_of",
     "DEFAULT_LEVELS",
     "ByteBudgetError",

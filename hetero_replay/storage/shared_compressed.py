@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import secrets
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,9 +47,17 @@ import numpy as np
 
 from hetero_replay._native import compress_rows
 from hetero_replay.checks import is_int
+from hetero_replay.storage import records as record_arrays
 from hetero_replay.storage.base import check_host_batch
 from hetero_replay.storage.checkpoint import ReplayFileError
-from hetero_replay.storage.codec import ByteBudgetError, Codec, field_codecs
+from hetero_replay.storage.codec import (
+    ByteBudgetError,
+    Codec,
+    CompressedFields,
+    field_codecs,
+    parse_settings,
+    settings_json,
+)
 from hetero_replay.storage.host import HostStorage, record_layout
 from hetero_replay.storage.record_log import RECORD_HEADER_BYTES, Evictions, RecordLog
 from hetero_replay.storage.ring import RingControl, RingOwner, RingReader, RingWriter, check_abandon_after
@@ -155,17 +163,18 @@ class CompressedSegment:
         ``encoded``: the :class:`EncodedRows` :meth:`encode` made of them (the ring's ``append`` encodes first).
         """
         picked = np.arange(encoded.rows, dtype=np.int64) if taken is None else np.flatnonzero(taken)
-        self._put_records((first + picked) % self.capacity, first + picked + 1, encoded, picked)
+        self.put_records((first + picked) % self.capacity, first + picked + 1, encoded, picked)
         _write_taken(self.rows, self.capacity, first, encoded.raw, taken)
 
     def put(self, start: int, encoded: EncodedRows, stamps: np.ndarray) -> None:
         """Write rows at slots ``start, start + 1, ...`` whose stamps are (or will be) ``stamps`` (the owner's)."""
         picked = np.arange(len(stamps), dtype=np.int64)
-        self._put_records((start + picked) % self.capacity, stamps, encoded, picked)
+        self.put_records((start + picked) % self.capacity, stamps, encoded, picked)
         if encoded.raw:
             self.rows.write(start, encoded.raw)
 
-    def _put_records(self, slots: np.ndarray, stamps: np.ndarray, encoded: EncodedRows, picked: np.ndarray) -> None:
+    def put_records(self, slots: np.ndarray, stamps: np.ndarray, encoded: EncodedRows, picked: np.ndarray) -> None:
+        """Append the records of rows ``picked`` of ``encoded`` (at ``slots``, stamps ``stamps``) and reference them."""
         if not encoded.names or not len(picked):
             return
         fields = len(encoded.names)
@@ -199,6 +208,41 @@ class CompressedSegment:
             [out[name].reshape(n, -1).view(np.uint8) for name in names],
         )
         return out, sound
+
+    def copy_records(self, slots: np.ndarray, stamps: np.ndarray) -> dict[str, list[bytes | None]]:
+        """The records of rows ``slots`` (whose stamps were ``stamps``) copied out of the log as they are.
+
+        A row's records are there if each record's header names the row's stamp and length, the head
+        had not passed any of them once all were copied (the seqlock's second read, as in the gather)
+        and each decompresses (CRC-32C, chunk, size); otherwise every record of the row is ``None``
+        (evicted, being rewritten, or damaged by a writer that copied late).
+        """
+        offsets, lengths = self.offsets[slots], self.lengths[slots]  # copies: writers may rewrite them
+        there = np.ones(len(slots), bool)
+        records: dict[str, list[bytes | None]] = {name: [] for name in self.codecs}
+        for r, stamp in enumerate(stamps.tolist()):
+            for name, column in self._column.items():
+                record = self._record_at(int(offsets[r, column]), int(lengths[r, column]), stamp)
+                records[name].append(record)
+                there[r] &= record is not None
+        there &= offsets.min(axis=1) >= self.log.reserved - self.log.log_bytes
+        for name in self.codecs:
+            there[record_arrays.damaged(records[name], np.flatnonzero(there), self._fields[name].item_bytes)] = False
+        for name in self.codecs:
+            records[name] = [record if ok else None for record, ok in zip(records[name], there.tolist())]
+        return records
+
+    def _record_at(self, offset: int, length: int, stamp: int) -> bytes | None:
+        """The record at absolute log ``offset`` if its header names ``stamp`` and ``length`` (a copy)."""
+        size = self.log.log_bytes
+        if stamp <= 0 or offset < 0 or not 0 < length <= size - RECORD_HEADER_BYTES:
+            return None
+        start = offset % size
+        end = start + RECORD_HEADER_BYTES + length
+        data = self.log.data
+        span = data[start:end].tobytes() if end <= size else data[start:].tobytes() + data[: end - size].tobytes()
+        header = np.frombuffer(span, np.int64, 2)
+        return span[RECORD_HEADER_BYTES:] if (int(header[0]), int(header[1])) == (stamp, length) else None
 
     def close(self) -> None:
         self.rows = self.log = self.offsets = self.lengths = None  # type: ignore[assignment]
@@ -364,10 +408,68 @@ class CompressedSharedStorage(RingOwner):
         """Hold restored rows: appended oldest ticket first, a chunk at a time, so that a budget smaller
         than the rows keeps the newest (as writes would have) instead of refusing the restore."""
         self.reader.adopt(position, size)
+        for slots in self._oldest_first(position, size):
+            self.write(int(slots[0]), {name: a[slots] for name, a in arrays.items()})
+            self._track(slots)
+
+    def export_state(self, count: int, copy: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The first ``count`` rows as the host storage's state holds them: the raw fields' rows and the
+        compressed fields' records as they are (copies), with the codec settings.
+
+        A row whose records the log no longer holds (evicted, or a writer rewriting it: see
+        :meth:`CompressedSegment.copy_records`), or whose raw fields a writer began to rewrite meanwhile,
+        has no records (an empty one in each field): it is not served, and its owner saves it with
+        priority 0 (:func:`~hetero_replay.storage.codec.absent_rows`).
+        """
+        slots = np.arange(count, dtype=np.int64)
+        stamps = self.reader.seen[:count].copy()
+        rows = self.rows_of(slots)
+        records = self.segment.copy_records(slots, stamps)
+        torn = np.flatnonzero(~self.reader.intact(slots))
+        arrays: dict[str, np.ndarray] = {}
+        for name, held in records.items():
+            for r in torn.tolist():
+                held[r] = None
+            arrays[f"{name}/records"], arrays[f"{name}/offsets"] = record_arrays.join(held)
+        return rows, {"settings": settings_json(self.codecs, [], self.byte_budget), "arrays": arrays}
+
+    def adopt_state(self, position: int, size: int, rows: Mapping[str, np.ndarray], packed: Mapping[str, Any]) -> None:
+        """:meth:`adopt` of rows in :meth:`export_state`'s form. Records compressed alike (codec and level,
+        no ``frames``) are appended as they are, after each was decompressed once to check it; others are
+        decompressed and written as rows added. A row without records stays unserved (as if evicted).
+
+        Raises:
+            ValueError: the records are wrong (see :meth:`~hetero_replay.storage.codec.CompressedFields.adopt`).
+        """
+        codecs, pooled, _ = parse_settings(self.schema, packed.get("settings"))
+        source = CompressedFields.restored(self.schema, packed, size)  # checks every record
+        if codecs != self.codecs or pooled:
+            arrays = dict(rows)
+            arrays.update(source.gather(np.arange(size, dtype=np.int64), list(codecs)))
+            self.adopt(position, size, arrays)
+            return
+        self.reader.adopt(position, size)
+        names = list(self.codecs)
+        held = [source.records(name) for name in names]
+        for slots in self._oldest_first(position, size):
+            self.segment.rows.write(int(slots[0]), {name: a[slots] for name, a in rows.items()})
+            there = [k for k, slot in enumerate(slots.tolist()) if all(h[slot] is not None for h in held)]
+            picked = np.asarray(there, np.int64)
+            self.segment.lengths[slots] = 0  # no record: never served
+            records = [h[slot] or b"" for slot in slots.tolist() for h in held]
+            encoded = EncodedRows(len(slots), {}, names, records)
+            self.segment.put_records(slots[picked], self.control.stamps[slots[picked]], encoded, picked)
+            self._track(slots[picked])
+
+    def _track(self, slots: np.ndarray) -> None:
+        """Rows restored at ``slots``: their records' offsets, so that the poll finds them if evicted."""
+        self.evictions.track(slots, self.segment.offsets[slots].min(axis=1), self.control.stamps[slots])
+
+    def _oldest_first(self, position: int, size: int) -> Iterator[np.ndarray]:
+        """The slots of a ring of ``size`` rows at ``position``, oldest ticket first, in chunks that fit the log."""
         oldest = position if size == self.capacity else 0
         for lo in range(0, size, self._adopt_rows):
-            slots = (oldest + np.arange(lo, min(lo + self._adopt_rows, size))) % self.capacity
-            self.write(int(slots[0]), {name: a[slots] for name, a in arrays.items()})
+            yield (oldest + np.arange(lo, min(lo + self._adopt_rows, size))) % self.capacity
 
     def view(self, name: str) -> np.ndarray:
         if name in self.codecs:
