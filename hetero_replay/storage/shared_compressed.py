@@ -30,6 +30,11 @@ measures it. Unlike the host storage's budget (a hard limit that refuses
 writes), writers here cannot be refused by a budget they share with other
 processes without a lock: evicting the oldest keeps them lock-free.
 
+Checkpoints keep the records as they are, in the host storage's form
+(:meth:`CompressedSharedStorage.export_state`, :meth:`CompressedSharedStorage.adopt_state`): each
+live row's records are copied out of the log with the gather's checks; a row the log no longer
+holds is saved without records (and priority 0 by its owner), and never served after a load.
+
 Frame de-duplication (``frames``) is not offered here: it needs a table of
 frames shared by every writer process, which this lock-free log does not have.
 """
