@@ -424,7 +424,8 @@ class CompressedSharedStorage(RingOwner):
         A row whose records the log no longer holds (evicted, or a writer rewriting it: see
         :meth:`CompressedSegment.copy_records`), or whose raw fields a writer began to rewrite meanwhile,
         has no records (an empty one in each field): it is not served, and its owner saves it with
-        priority 0 (:func:`~hetero_replay.storage.codec.absent_rows`).
+        priority 0 (:func:`~hetero_replay.storage.codec.absent_rows`). Always copies (``copy`` is for
+        the protocol): other processes go on writing the segment.
         """
         slots = np.arange(count, dtype=np.int64)
         stamps = self.reader.seen[:count].copy()
