@@ -25,6 +25,12 @@ runs interleaved, medians of paired ratios of wall-clock rates and of CPU-time
 rates (the process's CPU seconds: less sensitive to other jobs on the machine):
 
     python benchmarks/bench_tianshou_buffer.py --e2e --steps 8000 --repeats 5
+    python benchmarks/bench_tianshou_buffer.py --e2e --steps 8000 --repeats 5 --warmup 50000  # buffer full
+
+``--warmup`` is the random transitions collected before the timed epoch (default: the
+standard setup's 1000). Tianshou's trainer checks the whole buffer for NaNs after
+every collect, so a buffer's cost grows with what it holds: ``--warmup 50000`` times
+the steady state of a long run, its buffer full.
 
 Contenders: ``ours`` = :class:`~hetero_replay.adapters.tianshou.HeteroPrioritizedVectorReplayBuffer`,
 ``tianshou-per`` = ``PrioritizedVectorReplayBuffer``, ``tianshou-uniform`` =
@@ -74,9 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--e2e", action="store_true", help="env-steps/s of DQN CartPole training instead")
     parser.add_argument("--steps", type=int, default=8000, help="--e2e: env steps per timed run (default 8000)")
+    parser.add_argument("--warmup", type=int, default=None, help="--e2e: random env steps before (default 1000)")
     args = parser.parse_args(argv)
     if args.e2e:
-        return end_to_end(args.steps, 5 if args.repeats == 15 else args.repeats)
+        return end_to_end(args.steps, 5 if args.repeats == 15 else args.repeats, args.warmup)
     envs, repeats, min_time = ([1, 4], 3, 0.01) if args.quick else (args.envs, args.repeats, args.min_time)
     torch.set_num_threads(1)
     hetero_replay.set_num_threads(1)
@@ -95,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 E2E = {"tianshou-per": (False, 0), "ours-k0": (True, 0), "ours-k1": (True, 1)}
 
 
-def end_to_end(steps: int, repeats: int) -> int:
+def end_to_end(steps: int, repeats: int, warmup: int | None = None) -> int:
     """Env-steps/s of DQN CartPole (4 envs) training with each buffer of :data:`E2E`, interleaved; a table."""
     import statistics
 
@@ -106,11 +113,11 @@ def end_to_end(steps: int, repeats: int) -> int:
         order = list(E2E) if r % 2 == 0 else list(reversed(E2E))  # alternate who runs first
         for label in order:
             ours, staleness = E2E[label]
-            rates[label].append(train_rate(ours, staleness, steps, seed=r))
+            rates[label].append(train_rate(ours, staleness, steps, seed=r, warmup=warmup))
             wall, cpu = rates[label][-1]
             print(f"repeat {r + 1}/{repeats} {label:14s} {wall:8.0f} env-steps/s, {cpu:8.0f} per CPU-s", flush=True)
     print(
-        f"\n| DQN CartPole, 4 envs | env-steps/s (median of {repeats}) | ratio to tianshou-per (median of paired) "
+        f"\n| DQN CartPole, 4 envs, {warmup or 1000} random steps first | env-steps/s (median of {repeats}) | ratio to tianshou-per (median of paired) "
         "| env-steps per CPU-s | ratio (CPU) |"
     )
     print("|---|---|---|---|---|")
@@ -123,8 +130,8 @@ def end_to_end(steps: int, repeats: int) -> int:
     return 0
 
 
-def train_rate(ours: bool, staleness: int, steps: int, seed: int) -> tuple[float, float]:
-    """One timed ``OffPolicyTrainer`` epoch of ``steps`` env steps (after 1000 random ones).
+def train_rate(ours: bool, staleness: int, steps: int, seed: int, warmup: int | None = None) -> tuple[float, float]:
+    """One timed ``OffPolicyTrainer`` epoch of ``steps`` env steps (after ``warmup`` random ones, default 1000).
 
     Returns env steps per second of wall-clock time and per second of the process's CPU time.
     """
@@ -153,7 +160,7 @@ def train_rate(ours: bool, staleness: int, steps: int, seed: int) -> tuple[float
     envs.seed(seed)
     collector = Collector[CollectStats](algorithm, envs, buffer, exploration_noise=True)
     collector.reset()
-    collector.collect(n_step=hp.warmup_steps, random=True)
+    collector.collect(n_step=hp.warmup_steps if warmup is None else warmup, random=True)
     per_step = hp.collect_per_env * n_envs
     trainer = algorithm.create_trainer(
         OffPolicyTrainerParams(
