@@ -62,6 +62,29 @@ def stacks(frames: np.ndarray, starts: np.ndarray, k: int = 4) -> np.ndarray:
     return out
 
 
+def sample_transitions(games: tuple[str, ...] = ("Pong", "Breakout")) -> dict[str, np.ndarray]:
+    """Transitions of ``games`` from the test sample (:data:`TEST_DATA`), back to back, in :data:`SCHEMA`.
+
+    ``obs`` and ``next_obs`` are consecutive stacks; ``action`` is the row's id (its index), so a test
+    can tell rows apart; rewards and done flags are random (seeded).
+    """
+    data = np.load(TEST_DATA)
+    obs, nxt = [], []
+    for game in games:
+        s = stacks(data[f"{game}/frames"], data[f"{game}/starts"])
+        obs.append(s[:-1])
+        nxt.append(s[1:])
+    n = sum(map(len, obs))
+    rng = np.random.default_rng(0)
+    return {
+        "obs": np.concatenate(obs),
+        "action": np.arange(n, dtype=np.int64),
+        "reward": rng.normal(size=n).astype(np.float32),
+        "next_obs": np.concatenate(nxt),
+        "done": (rng.random(n) < 0.05).astype(np.float32),
+    }
+
+
 def main() -> None:
     """Write the tests' sample: 96 frames each of Pong and Breakout."""
     data = {}

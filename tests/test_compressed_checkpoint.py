@@ -21,7 +21,7 @@ from hetero_replay.storage import checkpoint
 from hetero_replay.storage.codec import DamagedRecordError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from atari_frames import SCHEMA, TEST_DATA, stacks  # noqa: E402
+from atari_frames import SCHEMA, TEST_DATA, sample_transitions, stacks  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 #: A buffer saved by the code of commit 5945b37 (format version 1: compressed fields written
@@ -37,22 +37,8 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def transitions() -> dict[str, np.ndarray]:
-    """Transitions of both games back to back: stacks, their successors, random actions and rewards."""
-    data = np.load(TEST_DATA)
-    obs, nxt = [], []
-    for game in ("Pong", "Breakout"):
-        s = stacks(data[f"{game}/frames"], data[f"{game}/starts"])
-        obs.append(s[:-1])
-        nxt.append(s[1:])
-    n = sum(map(len, obs))
-    rng = np.random.default_rng(0)
-    return {
-        "obs": np.concatenate(obs),
-        "action": rng.integers(0, 6, n),
-        "reward": rng.normal(size=n).astype(np.float32),
-        "next_obs": np.concatenate(nxt),
-        "done": (rng.random(n) < 0.05).astype(np.float32),
-    }
+    """Pong's and Breakout's transitions back to back; ``action`` is the row's id."""
+    return sample_transitions()
 
 
 def filled(transitions: dict[str, np.ndarray], options: dict | None, capacity: int = 64) -> PrioritizedReplay:

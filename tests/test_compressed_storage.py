@@ -24,27 +24,13 @@ from hetero_replay.storage.codec import (
 from hetero_replay.storage.schema import Schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from atari_frames import SCHEMA, TEST_DATA, stacks  # noqa: E402
+from atari_frames import SCHEMA, sample_transitions  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def transitions() -> dict[str, np.ndarray]:
-    """Transitions of both games back to back: stacks, their successors, random actions and rewards."""
-    data = np.load(TEST_DATA)
-    obs, nxt = [], []
-    for game in ("Pong", "Breakout"):
-        s = stacks(data[f"{game}/frames"], data[f"{game}/starts"])
-        obs.append(s[:-1])
-        nxt.append(s[1:])
-    n = sum(map(len, obs))
-    rng = np.random.default_rng(0)
-    return {
-        "obs": np.concatenate(obs),
-        "action": rng.integers(0, 6, n),
-        "reward": rng.normal(size=n).astype(np.float32),
-        "next_obs": np.concatenate(nxt),
-        "done": (rng.random(n) < 0.05).astype(np.float32),
-    }
+    """Pong's and Breakout's transitions back to back; ``action`` is the row's id."""
+    return sample_transitions()
 
 
 def rows(t: dict[str, np.ndarray], lo: int, hi: int) -> dict[str, np.ndarray]:

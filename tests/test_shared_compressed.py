@@ -29,7 +29,7 @@ from hetero_replay.storage.ring import RingReader
 from hetero_replay.storage.shared_compressed import CompressedSegment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from atari_frames import SCHEMA, TEST_DATA, stacks  # noqa: E402
+from atari_frames import SCHEMA, sample_transitions  # noqa: E402
 
 JOIN_S = 60  # only against hangs
 DEAD_ID = 10_000  # ids a killed writer tried to add
@@ -37,22 +37,8 @@ DEAD_ID = 10_000  # ids a killed writer tried to add
 
 @pytest.fixture(scope="module")
 def transitions() -> dict[str, np.ndarray]:
-    """Both games' transitions back to back; ``action`` is the row's id (its index here)."""
-    data = np.load(TEST_DATA)
-    obs, nxt = [], []
-    for game in ("Pong", "Breakout"):
-        s = stacks(data[f"{game}/frames"], data[f"{game}/starts"])
-        obs.append(s[:-1])
-        nxt.append(s[1:])
-    n = sum(map(len, obs))
-    rng = np.random.default_rng(0)
-    return {
-        "obs": np.concatenate(obs),
-        "action": np.arange(n, dtype=np.int64),
-        "reward": rng.normal(size=n).astype(np.float32),
-        "next_obs": np.concatenate(nxt),
-        "done": (rng.random(n) < 0.05).astype(np.float32),
-    }
+    """Pong's and Breakout's transitions back to back; ``action`` is the row's id."""
+    return sample_transitions()
 
 
 def row_bytes(t: dict[str, np.ndarray], codec: str) -> np.ndarray:

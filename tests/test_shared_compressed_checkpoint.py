@@ -23,29 +23,15 @@ from hetero_replay.storage import checkpoint
 from hetero_replay.storage.codec import DamagedRecordError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from atari_frames import SCHEMA, TEST_DATA, stacks  # noqa: E402
+from atari_frames import SCHEMA, TEST_DATA, sample_transitions, stacks  # noqa: E402
 
 V1_FILE = Path(__file__).resolve().parent / "data" / "replay_v1_compressed.replay.gz"
 
 
 @pytest.fixture(scope="module")
 def transitions() -> dict[str, np.ndarray]:
-    """Both games' transitions back to back; ``action`` is the row's id (its index here)."""
-    data = np.load(TEST_DATA)
-    obs, nxt = [], []
-    for game in ("Pong", "Breakout"):
-        s = stacks(data[f"{game}/frames"], data[f"{game}/starts"])
-        obs.append(s[:-1])
-        nxt.append(s[1:])
-    n = sum(map(len, obs))
-    rng = np.random.default_rng(0)
-    return {
-        "obs": np.concatenate(obs),
-        "action": np.arange(n, dtype=np.int64),
-        "reward": rng.normal(size=n).astype(np.float32),
-        "next_obs": np.concatenate(nxt),
-        "done": (rng.random(n) < 0.05).astype(np.float32),
-    }
+    """Pong's and Breakout's transitions back to back; ``action`` is the row's id."""
+    return sample_transitions()
 
 
 def shared(tmp_path: Path, codec: str = "lz4", **options) -> dict:
