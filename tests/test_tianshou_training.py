@@ -97,7 +97,7 @@ def test_ddpg_pendulum_run_prioritizes_and_anneals() -> None:
 def test_runner_registers_stock_per_first() -> None:
     runner = runner_for("tianshou")
     assert runner.variants[:3] == runner.defaults == ("stock-per", "hetero-per", "uniform")
-    assert runner.algos == ("dqn", "ddpg", "td3", "sac")
+    assert runner.algos == ("dqn", "ddpg", "td3", "sac", "rainbow")
     specs = driver.build_specs("tianshou", "dqn", "CartPole-v1", 1000, seeds=[0, 1], n_envs=4)
     assert [(s.variant, s.seed) for s in specs] == [
         ("stock-per", 0), ("hetero-per", 0), ("uniform", 0), ("uniform", 1), ("hetero-per", 1), ("stock-per", 1),
