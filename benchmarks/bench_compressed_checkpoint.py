@@ -90,33 +90,43 @@ def check_equal(a: PrioritizedReplay, b: PrioritizedReplay) -> None:
                 raise AssertionError(f"field {name!r} differs after the load")
 
 
-def measure(buf: PrioritizedReplay, options: dict[str, Any], other: str, folder: Path, repeats: int) -> dict[str, Any]:
-    """Save and load times (medians) and file sizes of ``buf``, each load checked; ``other``: the converting load's."""
-    records, rows = folder / "bench_records.replay", folder / "bench_rows.replay"
-    times: dict[str, list[float]] = {k: [] for k in ("save records", "save rows", "load records", "load rows")}
-    times[f"load records converting to {other}"] = []
-    for _ in range(repeats):  # interleaved
-        times["save records"].append(timed(buf.save, records)[0])
-        times["save rows"].append(timed(save_rows, buf, rows)[0])
-        for key, path, target in (
-            ("load records", records, options),
-            ("load rows", rows, options),
-            (f"load records converting to {other}", records, SETTINGS[other]),
-        ):
-            t, loaded = timed(PrioritizedReplay.load, path, storage_options=target)
+def save_load_times(
+    buf: PrioritizedReplay, folder: Path, repeats: int, loads: dict[str, tuple[str, dict[str, Any]]]
+) -> dict[str, Any]:
+    """Save ``buf`` as records and as decompressed rows, then time each load, interleaved; each load checked.
+
+    ``loads``: name -> (``"records"`` or ``"rows"``, the file it loads; ``PrioritizedReplay.load``'s keywords).
+    Returns the file sizes, each step's median seconds (``"<step> s"``) and every time (``"all"``).
+    """
+    files = {"records": folder / "bench_records.replay", "rows": folder / "bench_rows.replay"}
+    times: dict[str, list[float]] = {"save records": [], "save rows": [], **{key: [] for key in loads}}
+    for _ in range(repeats):
+        times["save records"].append(timed(buf.save, files["records"])[0])
+        times["save rows"].append(timed(save_rows, buf, files["rows"])[0])
+        for key, (which, kwargs) in loads.items():
+            t, loaded = timed(PrioritizedReplay.load, files[which], **kwargs)
             times[key].append(t)
             check_equal(buf, loaded)
-            del loaded
+            loaded.close()
     entry = {
-        "ram_record_bytes": buf.storage.compressed.bytes_used,
-        "file_bytes_records": records.stat().st_size,
-        "file_bytes_rows": rows.stat().st_size,
+        "file_bytes_records": files["records"].stat().st_size,
+        "file_bytes_rows": files["rows"].stat().st_size,
         **{f"{k} s": statistics.median(v) for k, v in times.items()},
         "all": times,
     }
-    records.unlink()
-    rows.unlink()
+    for path in files.values():
+        path.unlink()
     return entry
+
+
+def measure(buf: PrioritizedReplay, options: dict[str, Any], other: str, folder: Path, repeats: int) -> dict[str, Any]:
+    """Save and load times (medians) and file sizes of ``buf``, each load checked; ``other``: the converting load's."""
+    loads = {
+        "load records": ("records", {"storage_options": options}),
+        "load rows": ("rows", {"storage_options": options}),
+        f"load records converting to {other}": ("records", {"storage_options": SETTINGS[other]}),
+    }
+    return {"ram_record_bytes": buf.storage.compressed.bytes_used, **save_load_times(buf, folder, repeats, loads)}
 
 
 def main() -> None:

@@ -23,14 +23,13 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from atari_frames import SCHEMA  # noqa: E402
-from bench_compressed_checkpoint import check_equal, save_rows, timed, transitions  # noqa: E402
+from bench_compressed_checkpoint import save_load_times, transitions  # noqa: E402
 
 from hetero_replay import PrioritizedReplay  # noqa: E402
 
@@ -47,27 +46,9 @@ def filled(data: dict[str, Any], codec: str, folder: Path) -> PrioritizedReplay:
 
 def measure(buf: PrioritizedReplay, codec: str, folder: Path, repeats: int) -> dict[str, Any]:
     """Save and load times (medians) and file sizes of ``buf``, each load checked."""
-    records, rows = folder / "bench_shared_records.replay", folder / "bench_shared_rows.replay"
     placement = {"storage": "shared", "storage_options": {"codec": codec, "dir": str(folder)}}
-    times: dict[str, list[float]] = {k: [] for k in ("save records", "save rows", "load records", "load rows")}
-    for _ in range(repeats):  # interleaved
-        times["save records"].append(timed(buf.save, records)[0])
-        times["save rows"].append(timed(save_rows, buf, rows)[0])
-        for key, path in (("load records", records), ("load rows", rows)):
-            t, loaded = timed(PrioritizedReplay.load, path, **placement)
-            times[key].append(t)
-            check_equal(buf, loaded)
-            loaded.close()
-    entry = {
-        "bytes_per_row": buf.storage.bytes_per_row,
-        "file_bytes_records": records.stat().st_size,
-        "file_bytes_rows": rows.stat().st_size,
-        **{f"{k} s": statistics.median(v) for k, v in times.items()},
-        "all": times,
-    }
-    records.unlink()
-    rows.unlink()
-    return entry
+    loads = {"load records": ("records", placement), "load rows": ("rows", placement)}
+    return {"bytes_per_row": buf.storage.bytes_per_row, **save_load_times(buf, folder, repeats, loads)}
 
 
 def main() -> None:
