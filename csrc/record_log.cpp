@@ -1,9 +1,11 @@
-// The record log of a compressed shared storage (hetero_replay/storage/record_log.py).
+// The record log of the compressed ring storages (hetero_replay/storage/record_log.py).
 //
-// A byte region of the shared segment used as a circular log: a 64-bit *head* counts the bytes ever
-// reserved, and the byte at absolute position p lives at p mod log_bytes. A writer reserves all the
-// bytes of its batch's records with one fetch_add on the head and copies each record, prefixed by
-// a header (the stamp its row will be published with, and its length), to its place, wrapping at
+// A byte region used as a circular log, in the shared segment (storage="shared") or in a file
+// (storage="disk": records.log, written with pwrite and read with pread on the disk storage's read
+// threads); one implementation of the appends, the gathers and their checks serves both: a 64-bit *head*
+// counts the bytes ever reserved, and the byte at absolute position p lives at p mod log_bytes. A writer
+// reserves all the bytes of its batch's records with one fetch_add on the head and copies each record,
+// prefixed by a header (the stamp its row will be published with, and its length), to its place, wrapping at
 // the end of the region (two copies; no padding, so every byte of the budget holds records).
 //
 // A record at absolute offset o is overwritten once a reservation reaches past o + log_bytes, so
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "hetero_replay/io_threads.hpp"
 #include "hetero_replay/record_codec.hpp"
 #include "hetero_replay/ring_slots.hpp"
 #include "hetero_replay/task_pool.hpp"
@@ -38,97 +41,142 @@ struct RecordHeader {
 };
 constexpr int64_t kHeaderBytes = sizeof(RecordHeader);
 
+// Where the log's bytes are: a memory region (data) or, where data is null, file descriptor fd.
 struct Log {
   uint8_t* data;
+  int fd;
   int64_t bytes;
   int64_t* head;
+
+  // Copies n bytes (n <= bytes) to absolute log position `at`, wrapping at the end: 0 or an errno.
+  int put(int64_t at, const uint8_t* src, int64_t n) const {
+    const int64_t pos = at % bytes, first = std::min(n, bytes - pos);
+    if (data == nullptr) {
+      const int e = pwrite_all(fd, src, first, pos);
+      return e != 0 || first == n ? e : pwrite_all(fd, src + first, n - first, 0);
+    }
+    std::memcpy(data + pos, src, static_cast<size_t>(first));
+    if (first < n) std::memcpy(data, src + first, static_cast<size_t>(n - first));
+    return 0;
+  }
+
+  // The n bytes (n <= bytes) at absolute log position `at`: in place where they are contiguous in
+  // memory, else copied into `scratch`. Null with *error set (an errno, -1: the file ends) if unread.
+  const uint8_t* span(int64_t at, int64_t n, std::vector<uint8_t>& scratch, int* error) const {
+    const int64_t pos = at % bytes, first = std::min(n, bytes - pos);
+    if (data != nullptr && first == n) return data + pos;
+    scratch.resize(static_cast<size_t>(n));
+    if (data != nullptr) {
+      std::memcpy(scratch.data(), data + pos, static_cast<size_t>(first));
+      std::memcpy(scratch.data() + first, data, static_cast<size_t>(n - first));
+      return scratch.data();
+    }
+    *error = pread_all(fd, scratch.data(), first, pos);
+    if (*error == 0 && first < n) *error = pread_all(fd, scratch.data() + first, n - first, 0);
+    return *error == 0 ? scratch.data() : nullptr;
+  }
 };
 
-Log log_of(py::handle data_obj, py::handle head_obj) {
-  for (auto [obj, what, dtype] : {std::tuple{data_obj, "log", py::dtype::of<uint8_t>()},
-                                  std::tuple{head_obj, "head", py::dtype::of<int64_t>()}}) {
-    if (!py::isinstance<py::array>(obj)) throw py::type_error(std::string(what) + " must be a numpy array");
-    auto arr = py::reinterpret_borrow<py::array>(obj);
-    if (!arr.dtype().equal(dtype) || arr.ndim() != 1 || arr.size() < 1 ||
-        !(arr.flags() & py::array::c_style) || !arr.writeable())
-      throw py::value_error(std::string(what) + " must be a writable, contiguous, non-empty 1-D array");
-  }
-  auto data = py::reinterpret_borrow<py::array>(data_obj);
+// The log `log_obj` names: a writable contiguous uint8 array, or a pair (file descriptor, log bytes).
+Log log_of(py::handle log_obj, py::handle head_obj) {
+  if (!py::isinstance<py::array>(head_obj)) throw py::type_error("head must be a numpy array");
   auto head = py::reinterpret_borrow<py::array>(head_obj);
-  return {static_cast<uint8_t*>(data.mutable_data()), data.size(),
-          static_cast<int64_t*>(head.mutable_data())};
+  if (!head.dtype().equal(py::dtype::of<int64_t>()) || head.ndim() != 1 || head.size() < 1 ||
+      !(head.flags() & py::array::c_style) || !head.writeable())
+    throw py::value_error("head must be a writable, contiguous, non-empty 1-D int64 array");
+  auto* head_word = static_cast<int64_t*>(head.mutable_data());
+  if (py::isinstance<py::tuple>(log_obj)) {
+    const auto pair = py::reinterpret_borrow<py::tuple>(log_obj);
+    if (pair.size() != 2) throw py::value_error("log must be a uint8 array or (fd, bytes)");
+    const int fd = pair[0].cast<int>();
+    const auto bytes = pair[1].cast<int64_t>();
+    if (fd < 0 || bytes < 1) throw py::value_error("log (fd, bytes): fd must be >= 0 and bytes >= 1");
+    return {nullptr, fd, bytes, head_word};
+  }
+  if (!py::isinstance<py::array>(log_obj)) throw py::type_error("log must be a numpy array or (fd, bytes)");
+  auto data = py::reinterpret_borrow<py::array>(log_obj);
+  if (!data.dtype().equal(py::dtype::of<uint8_t>()) || data.ndim() != 1 || data.size() < 1 ||
+      !(data.flags() & py::array::c_style) || !data.writeable())
+    throw py::value_error("log must be a writable, contiguous, non-empty 1-D uint8 array");
+  return {static_cast<uint8_t*>(data.mutable_data()), -1, data.size(), head_word};
 }
 
-// Copies n bytes to absolute log position `at`, wrapping at the end.
-void put(const Log& log, int64_t at, const void* src, int64_t n) {
-  const int64_t pos = at % log.bytes, first = std::min(n, log.bytes - pos);
-  std::memcpy(log.data + pos, src, static_cast<size_t>(first));
-  if (first < n)
-    std::memcpy(log.data, static_cast<const uint8_t*>(src) + first, static_cast<size_t>(n - first));
-}
-
-// Copies n bytes from absolute log position `at`, wrapping at the end.
-void get(const Log& log, int64_t at, void* dst, int64_t n) {
-  const int64_t pos = at % log.bytes, first = std::min(n, log.bytes - pos);
-  std::memcpy(dst, log.data + pos, static_cast<size_t>(first));
-  if (first < n) std::memcpy(static_cast<uint8_t*>(dst) + first, log.data, static_cast<size_t>(n - first));
+[[noreturn]] void raise_errno(int error, const char* what) {
+  if (error == -1) throw py::value_error(std::string(what) + ": the record log's file ends early");
+  errno = error;
+  PyErr_SetFromErrno(PyExc_OSError);
+  throw py::error_already_set();
 }
 
 // Appends records (bytes; row-major: row r's field f is records[r * fields + f]) of rows published
 // with `stamps`: returns each record's absolute offset (its header's).
 py::array_t<int64_t> log_append(
-    py::handle data_obj, py::handle head_obj, const py::list& records,
+    py::handle log_obj, py::handle head_obj, const py::list& records,
     const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& stamps) {
-  const Log log = log_of(data_obj, head_obj);
+  const Log log = log_of(log_obj, head_obj);
   const auto n = static_cast<int64_t>(records.size());
   const int64_t rows = stamps.size();
   if (rows == 0 ? n != 0 : n % rows != 0)
     throw py::value_error("log_append: " + std::to_string(n) + " records for " + std::to_string(rows) +
                           " rows");
   const int64_t fields = rows == 0 ? 1 : n / rows;
-  std::vector<const uint8_t*> src(static_cast<size_t>(n));
-  std::vector<int64_t> length(static_cast<size_t>(n));
   int64_t total = 0;
   for (int64_t i = 0; i < n; ++i) {
     PyObject* rec = records[static_cast<size_t>(i)].ptr();
     if (!PyBytes_Check(rec)) throw py::type_error("log_append: records must be bytes");
-    src[static_cast<size_t>(i)] = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(rec));
-    length[static_cast<size_t>(i)] = PyBytes_GET_SIZE(rec);
-    total += kHeaderBytes + length[static_cast<size_t>(i)];
+    total += kHeaderBytes + PyBytes_GET_SIZE(rec);
   }
   if (total > log.bytes)
     throw py::value_error("log_append: " + std::to_string(total) + " bytes of records exceed the log's " +
                           std::to_string(log.bytes));
+  // The batch as it goes into the log, headers and records back to back: one copy (a file: one
+  // pwrite, two where it wraps) after the reservation.
+  std::vector<uint8_t> staged(static_cast<size_t>(total));
+  std::vector<int64_t> starts(static_cast<size_t>(n));
+  const int64_t* st = stamps.data();
+  for (int64_t i = 0, at = 0; i < n; ++i) {
+    PyObject* rec = records[static_cast<size_t>(i)].ptr();
+    const RecordHeader header{st[i / fields], PyBytes_GET_SIZE(rec)};
+    starts[static_cast<size_t>(i)] = at;
+    std::memcpy(staged.data() + at, &header, kHeaderBytes);
+    std::memcpy(staged.data() + at + kHeaderBytes, PyBytes_AS_STRING(rec),
+                static_cast<size_t>(header.length));
+    at += kHeaderBytes + header.length;
+  }
   py::array_t<int64_t> offsets(n);
   int64_t* off = offsets.mutable_data();
-  const int64_t* st = stamps.data();
+  int error = 0;
   {
-    ReleasedGil nogil;  // `records` holds the bytes alive; nothing here touches Python objects
-    int64_t at = __atomic_fetch_add(log.head, total, __ATOMIC_SEQ_CST);
-    for (int64_t i = 0; i < n; ++i) {
-      off[i] = at;
-      const RecordHeader header{st[i / fields], length[static_cast<size_t>(i)]};
-      // Newer reservations already reach this record's bytes (this writer was descheduled while the
-      // log went round): it is lost either way, and copying it would damage theirs.
-      if (load_acquire(log.head) <= at + log.bytes) {
-        put(log, at, &header, kHeaderBytes);
-        put(log, at + kHeaderBytes, src[static_cast<size_t>(i)], header.length);
-      }
-      at += kHeaderBytes + header.length;
+    ReleasedGil nogil;
+    const int64_t at = __atomic_fetch_add(log.head, total, __ATOMIC_SEQ_CST);
+    for (int64_t i = 0; i < n; ++i) off[i] = at + starts[static_cast<size_t>(i)];
+    // Newer reservations may already reach the first records' bytes (this writer was descheduled
+    // while the log went round): those are lost either way, and copying them would damage the newer
+    // ones. The records from the first one still clear on are copied.
+    const int64_t clear_from = load_acquire(log.head) - log.bytes - at;
+    const auto first =
+        static_cast<int64_t>(std::lower_bound(starts.begin(), starts.end(), clear_from) - starts.begin());
+    if (first < n) {
+      const int64_t skip = starts[static_cast<size_t>(first)];
+      error = log.put(at + skip, staged.data() + skip, total - skip);
     }
   }
+  if (error != 0) raise_errno(error, "log_append");
   return offsets;
 }
 
 // Decompresses the records of sampled rows into `outs` (one (n, field bytes) uint8 array per field):
 // offsets and lengths are the rows' (n, fields) references, stamps the rows' stamps as the reader saw
 // them. Returns an int8 mask of the rows all of whose records were sound (see the file's comment).
-py::array_t<int8_t> log_gather(py::handle data_obj, py::handle head_obj,
+// A log in memory is decoded on the batch TaskPool; a log in a file on `threads` threads of their own
+// (io_threads.hpp: they wait on the disk), each reading its record's span with pread.
+py::array_t<int8_t> log_gather(py::handle log_obj, py::handle head_obj,
                                const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& offsets,
                                const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& lengths,
                                const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& stamps,
-                               const py::list& outs) {
-  const Log log = log_of(data_obj, head_obj);
+                               const py::list& outs, int threads) {
+  const Log log = log_of(log_obj, head_obj);
+  if (threads < 1) throw py::value_error("log_gather: threads must be >= 1, got " + std::to_string(threads));
   const int64_t rows = stamps.size();
   const auto fields = static_cast<int64_t>(outs.size());
   if (offsets.ndim() != 2 || offsets.shape(0) != rows || offsets.shape(1) != fields || lengths.ndim() != 2 ||
@@ -169,40 +217,41 @@ py::array_t<int8_t> log_gather(py::handle data_obj, py::handle head_obj,
   first.push_back(tasks);
   const auto groups = static_cast<int64_t>(first.size()) - 1;
   std::vector<uint8_t> sound(static_cast<size_t>(groups), 0);
+  // One group: its record read, checked (header, CRC, size) and decoded, then copied to its other rows.
+  // Returns an errno where the file could not be read (the record is then not sound either).
+  auto decode = [&](int64_t g) -> int {
+    const auto group = static_cast<size_t>(g);
+    const int64_t t = order[static_cast<size_t>(first[group])];
+    const int64_t f = t % fields, r = t / fields, bytes = out_bytes[static_cast<size_t>(f)];
+    uint8_t* row = out[static_cast<size_t>(f)] + r * bytes;
+    // The references come from memory or a file a writer may be rewriting: bound them before use.
+    const int64_t length = len[t];
+    bool ok = st[r] > 0 && off[t] >= 0 && length > 0 && length <= log.bytes - kHeaderBytes;
+    int error = 0;
+    if (ok) {
+      thread_local std::vector<uint8_t> scratch;
+      const uint8_t* span = log.span(off[t], kHeaderBytes + length, scratch, &error);
+      RecordHeader header{};
+      if (span != nullptr) std::memcpy(&header, span, kHeaderBytes);
+      ok = span != nullptr && header.stamp == st[r] && header.length == length &&
+           decompress_record(span + kHeaderBytes, static_cast<size_t>(length), row, bytes);
+    }
+    if (!ok) std::memset(row, 0, static_cast<size_t>(bytes));
+    sound[group] = ok;
+    for (int64_t k = first[group] + 1; k < first[group + 1]; ++k) {
+      const int64_t other = order[static_cast<size_t>(k)];
+      std::memcpy(out[static_cast<size_t>(f)] + (other / fields) * bytes, row, static_cast<size_t>(bytes));
+    }
+    return error == -1 ? 0 : error;  // a file that ends early is a damaged record, not an I/O error
+  };
+  int error = 0;
   {
     ReleasedGil nogil;
-    parallel_for(groups, TaskPool::instance().threads(), [&](int64_t g) {
-      const auto group = static_cast<size_t>(g);
-      const int64_t t = order[static_cast<size_t>(first[group])];
-      const int64_t f = t % fields, r = t / fields, bytes = out_bytes[static_cast<size_t>(f)];
-      uint8_t* row = out[static_cast<size_t>(f)] + r * bytes;
-      // The references come from shared memory a writer may be rewriting: bound them before use.
-      const int64_t length = len[t];
-      bool ok = st[r] > 0 && off[t] >= 0 && length > 0 && length <= log.bytes - kHeaderBytes;
-      if (ok) {
-        RecordHeader header{};
-        get(log, off[t], &header, kHeaderBytes);
-        ok = header.stamp == st[r] && header.length == length;
-      }
-      if (ok) {
-        const int64_t pos = (off[t] + kHeaderBytes) % log.bytes;
-        if (pos + length <= log.bytes) {
-          ok = decompress_record(log.data + pos, static_cast<size_t>(length), row, bytes);
-        } else {  // wraps the log's end
-          thread_local std::vector<uint8_t> joined;
-          joined.resize(static_cast<size_t>(length));
-          get(log, off[t] + kHeaderBytes, joined.data(), length);
-          ok = decompress_record(joined.data(), static_cast<size_t>(length), row, bytes);
-        }
-      }
-      if (!ok) std::memset(row, 0, static_cast<size_t>(bytes));
-      sound[group] = ok;
-      for (int64_t k = first[group] + 1; k < first[group + 1]; ++k) {
-        const int64_t other = order[static_cast<size_t>(k)];
-        std::memcpy(out[static_cast<size_t>(f)] + (other / fields) * bytes, row, static_cast<size_t>(bytes));
-      }
-    });
+    if (log.data != nullptr)
+      parallel_for(groups, TaskPool::instance().threads(), [&](int64_t g) { decode(g); });
+    else error = run_io_tasks(groups, threads, decode);
   }
+  if (error != 0) raise_errno(error, "log_gather");
   // The seqlock's second read: after every record was copied, the head must not have reached past
   // any of them (a reservation beyond o + log_bytes may have overwritten the record at o).
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
@@ -224,15 +273,19 @@ py::array_t<int8_t> log_gather(py::handle data_obj, py::handle head_obj,
 void register_record_log(py::module_& m) {
   m.def("log_append", &log_append, py::arg("log"), py::arg("head"), py::arg("records"), py::arg("stamps"),
         "Appends ``records`` (bytes, row-major: row r's field f at r * fields + f) of rows to be published\n"
-        "with ``stamps`` to the circular ``log`` (uint8): one atomic add on ``head[0]`` reserves them all,\n"
-        "each is copied after a 16-byte header (its row's stamp, its length), wrapping at the log's end.\n"
-        "Returns each record's absolute offset (int64). GIL released while copying.");
+        "with ``stamps`` to the circular ``log`` (a uint8 array, or ``(fd, bytes)``: a file written with\n"
+        "pwrite): one atomic add on ``head[0]`` reserves them all, each is copied after a 16-byte header\n"
+        "(its row's stamp, its length), wrapping at the log's end. Returns each record's absolute offset\n"
+        "(int64). GIL released while copying; OSError if the file cannot be written.");
   m.def(
       "log_gather", &log_gather, py::arg("log"), py::arg("head"), py::arg("offsets"), py::arg("lengths"),
-      py::arg("stamps"), py::arg("outs"),
+      py::arg("stamps"), py::arg("outs"), py::arg("threads") = 1,
       "Decompresses the records at ``offsets``/``lengths`` ((rows, fields) int64) of rows whose stamps are\n"
-      "``stamps`` into ``outs`` (per field a (rows, bytes) uint8 array) on the batch threads, GIL released,\n"
-      "each distinct record once. Returns an int8 mask of the rows whose records were all sound: header\n"
+      "``stamps`` into ``outs`` (per field a (rows, bytes) uint8 array), GIL released, each distinct record\n"
+      "once: on the batch threads from a ``log`` in memory, on ``threads`` threads reading with pread from "
+      "a\n"
+      "log ``(fd, bytes)`` in a file (OSError if it cannot be read). Returns an int8 mask of the rows whose "
+      "records were all sound: header\n"
       "naming the row's stamp and length, CRC and size right, and not overwritten (the head, re-read\n"
       "after the copies, has not passed offset + len(log)). Unsound rows are zeros.");
 }

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "hetero_replay/io_threads.hpp"
 #include "hetero_replay/ring_slots.hpp"
 #include "released_gil.hpp"
 
@@ -40,35 +41,12 @@ int64_t check_index(py::handle obj, int64_t i, const char* what) {
   return i;
 }
 
-// Reads n records of `bytes` bytes at byte `offsets` of file `fd` into `out`, on
-// `threads` threads (the caller included). Its own short-lived threads, not the
-// batch TaskPool: reads wait on the disk, and a pool busy with a tree operation
-// would serialise them. Returns 0, or the errno of the first failed read
-// (-1: the file ended before a record did).
+// Reads n records of `bytes` bytes at byte `offsets` of file `fd` into `out`, on `threads` threads
+// (the caller included; see io_threads.hpp). Returns 0, or the errno of the first failed read (-1: the
+// file ended before a record did).
 int read_records(int fd, const int64_t* offsets, int64_t n, int64_t bytes, uint8_t* out, int threads) {
-  std::atomic<int64_t> next{0};
-  std::atomic<int> error{0};
-  auto work = [&] {
-    for (int64_t k; (k = next.fetch_add(1)) < n && error.load() == 0;) {
-      int64_t done = 0;
-      while (done < bytes) {
-        const ssize_t got = ::pread(fd, out + k * bytes + done, bytes - done, offsets[k] + done);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) {
-          int expected = 0;
-          error.compare_exchange_strong(expected, got < 0 ? errno : -1);
-          return;
-        }
-        done += got;
-      }
-    }
-  };
-  std::vector<std::thread> helpers;
-  const int64_t extra = std::min<int64_t>(threads, n) - 1;
-  for (int64_t i = 0; i < extra; ++i) helpers.emplace_back(work);
-  work();
-  for (auto& t : helpers) t.join();
-  return error.load();
+  return run_io_tasks(n, threads,
+                      [&](int64_t k) { return pread_all(fd, out + k * bytes, bytes, offsets[k]); });
 }
 
 }  // namespace

@@ -99,13 +99,16 @@ def compress_rows(rows: np.ndarray, codec: str, level: int) -> list[bytes]: ...
 def decompress_rows(records: list[bytes | None], indices: np.ndarray, out: np.ndarray) -> list[int]: ...
 def crc32c(data: bytes, tables: bool = False) -> int: ...
 
-# csrc/record_log.cpp: the compressed shared storage's record log
-def log_append(log: np.ndarray, head: np.ndarray, records: list[bytes], stamps: np.ndarray) -> np.ndarray: ...
+# csrc/record_log.cpp: the compressed ring storages' record log (in memory, or a file: (fd, bytes))
+def log_append(
+    log: np.ndarray | tuple[int, int], head: np.ndarray, records: list[bytes], stamps: np.ndarray
+) -> np.ndarray: ...
 def log_gather(
-    log: np.ndarray,
+    log: np.ndarray | tuple[int, int],
     head: np.ndarray,
     offsets: np.ndarray,
     lengths: np.ndarray,
     stamps: np.ndarray,
     outs: list[np.ndarray],
+    threads: int = 1,
 ) -> np.ndarray: ...

@@ -1,9 +1,11 @@
-"""A circular byte log of compressed records in a shared segment, written lock-free by many processes.
+"""A circular byte log of compressed records, written lock-free by many processes.
 
-The compressed shared storage (:mod:`.shared_compressed`) keeps its compressed
-fields here rather than in its fixed-size rows: records differ in size, so
-they go one after another into a region of ``log_bytes`` bytes (the byte
-budget) used as a ring of bytes:
+The compressed ring storages keep their compressed fields here rather than in
+their fixed-size rows: records differ in size, so they go one after another
+into ``log_bytes`` bytes (the byte budget) used as a ring of bytes, a region of
+the shared segment (:mod:`.shared_compressed`) or a file written with
+``pwrite`` and read with ``pread`` (``records.log`` of the disk storage,
+:mod:`.disk`); the same native code appends, gathers and checks both:
 
 * **The head** (a 64-bit word before the region) counts the bytes ever
   reserved; absolute position ``p`` lives at byte ``p % log_bytes``. A writer
@@ -30,8 +32,10 @@ records, so that they leave the sum tree before anyone draws them.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -44,14 +48,30 @@ RECORD_HEADER_BYTES = 16
 
 
 class RecordLog:
-    """The log in ``region`` (uint8, :meth:`region_bytes` long): its head and its ``log_bytes`` of data."""
+    """The log in ``region`` (uint8, :meth:`region_bytes` long): its head and its ``log_bytes`` of data.
+
+    :meth:`in_file` makes one whose data is a file instead (its header words elsewhere, e.g. mapped).
+    """
 
     def __init__(self, region: np.ndarray, log_bytes: int) -> None:
         self.log_bytes = int(log_bytes)
         #: The log's header words: the head, then the log's size (written by the segment's owner).
         self.words = region[:LOG_HEADER_BYTES].view(np.int64)
         self.head = self.words[:1]
-        self.data = region[LOG_HEADER_BYTES : LOG_HEADER_BYTES + self.log_bytes]
+        #: The data in memory (None for a log in a file).
+        self.data: np.ndarray | None = region[LOG_HEADER_BYTES : LOG_HEADER_BYTES + self.log_bytes]
+        #: The file descriptor of a log in a file (None in memory).
+        self.fd: int | None = None
+        self._source: Any = self.data
+
+    @classmethod
+    def in_file(cls, fd: int, words: np.ndarray, log_bytes: int) -> RecordLog:
+        """The log whose data is the file ``fd`` (``log_bytes`` long) and whose header words are ``words``
+        (int64, :data:`LOG_HEADER_BYTES` of them, shared by every process writing the file)."""
+        log = cls.__new__(cls)
+        log.log_bytes, log.words, log.head = int(log_bytes), words, words[:1]
+        log.data, log.fd, log._source = None, fd, (fd, int(log_bytes))
+        return log
 
     @staticmethod
     def region_bytes(log_bytes: int) -> int:
@@ -66,18 +86,46 @@ class RecordLog:
     def append(self, records: Sequence[bytes], stamps: np.ndarray) -> np.ndarray:
         """Copy ``records`` (row-major: row ``r``'s field ``f`` at ``r * fields + f``) of rows to be
         published with ``stamps``; their absolute offsets (see the module's docstring)."""
-        return log_append(self.data, self.head, list(records), stamps)
+        return log_append(self._source, self.head, list(records), stamps)
 
     def gather(
-        self, offsets: np.ndarray, lengths: np.ndarray, stamps: np.ndarray, outs: Sequence[np.ndarray]
+        self,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        stamps: np.ndarray,
+        outs: Sequence[np.ndarray],
+        threads: int = 1,
     ) -> np.ndarray:
         """Decompress the rows' records into ``outs`` (per field ``(rows, bytes)`` uint8); mask of sound rows.
 
         ``offsets``, ``lengths``: ``(rows, fields)`` as the rows hold them; ``stamps``: the rows' stamps
         as the reader saw them. A row is sound if every record's header names its stamp and length, the
-        record checks out (CRC, size) and the head had not passed it after the read.
+        record checks out (CRC, size) and the head had not passed it after the read. A log in a file is
+        read on ``threads`` threads (``pread``); one in memory is decoded on the batch threads.
         """
-        return log_gather(self.data, self.head, offsets, lengths, stamps, list(outs)).view(bool)
+        return log_gather(self._source, self.head, offsets, lengths, stamps, list(outs), threads).view(bool)
+
+    def record_at(self, offset: int, length: int, stamp: int) -> bytes | None:
+        """The record at absolute ``offset`` if its header names ``stamp`` and ``length`` (a copy), else None.
+
+        Unchecked otherwise: the caller re-reads the head after copying, and decompresses it.
+        """
+        size = self.log_bytes
+        if stamp <= 0 or offset < 0 or not 0 < length <= size - RECORD_HEADER_BYTES:
+            return None
+        start, n = offset % size, RECORD_HEADER_BYTES + length
+        first = min(n, size - start)
+        span = self._read(start, first) + (self._read(0, n - first) if first < n else b"")
+        if len(span) != n:  # a file that ends early
+            return None
+        header = np.frombuffer(span, np.int64, 2)
+        return span[RECORD_HEADER_BYTES:] if (int(header[0]), int(header[1])) == (stamp, length) else None
+
+    def _read(self, start: int, n: int) -> bytes:
+        if self.data is not None:
+            return self.data[start : start + n].tobytes()
+        assert self.fd is not None
+        return os.pread(self.fd, n, start)
 
 
 class Evictions:

@@ -66,7 +66,7 @@ from hetero_replay.storage.codec import (
 from hetero_replay.storage.host import HostStorage, record_layout
 from hetero_replay.storage.record_log import RECORD_HEADER_BYTES, Evictions, RecordLog
 from hetero_replay.storage.ring import RingControl, RingOwner, RingReader, RingWriter, check_abandon_after
-from hetero_replay.storage.schema import Schema
+from hetero_replay.storage.schema import Field, Schema
 from hetero_replay.storage.shared import _remove_segment, _segment_dir, _write_taken
 
 #: Default byte budget as a fraction of the compressed fields' raw bytes: image fields compress 10-100x
@@ -85,6 +85,136 @@ class EncodedRows:
     raw: dict[str, np.ndarray]  # the fields kept raw
     names: list[str]  # the compressed fields present
     records: list[bytes]  # row-major: row r's field names[f] at r * len(names) + f
+
+
+def log_options(
+    capacity: int, schema: Schema, codec: Any, byte_budget: Any, frames: Any, storage: str
+) -> tuple[dict[str, Codec], int]:
+    """``(codecs, byte budget)`` of a ring storage keeping fields in a record log (``storage``: its name),
+    the options checked: the one rule of ``storage="shared"`` and ``storage="disk"``.
+
+    The default budget: the capacity times, per compressed field, a quarter of its raw bytes
+    (:data:`DEFAULT_BUDGET_FRACTION`) plus a record's overhead (52 bytes).
+
+    Raises:
+        ValueError: ``frames`` given (no frame table is shared by writer processes), ``byte_budget`` without
+            a codec, a codec compressing no field, a byte budget that is not a positive integer (see also
+            :func:`~hetero_replay.storage.codec.field_codecs`).
+    """
+    check_frames(frames, storage)
+    if codec is None:
+        raise ValueError("storage_options byte_budget and frames apply to compressed fields: they need a codec")
+    codecs = field_codecs(schema, codec)
+    if not codecs:
+        raise ValueError(
+            f"storage_options codec={codec!r} compresses no field: a codec name goes to image fields (uint8, two "
+            "dimensions or more) and this schema has none; name fields with codec={field: codec}"
+        )
+    if byte_budget is None:
+        overhead = _BLOSC2_OVERHEAD + RECORD_HEADER_BYTES  # a record's bytes besides its data
+        share = sum(schema[n].item_bytes // DEFAULT_BUDGET_FRACTION + overhead for n in codecs)
+        return codecs, max(capacity * share, 2 * _worst_row(schema, codecs))
+    return codecs, check_byte_budget(byte_budget)
+
+
+def check_frames(frames: Any, storage: str) -> None:
+    """Refuse ``frames`` (anything but None or False) for a ring storage (``storage``: its name), saying why."""
+    if frames is not None and frames is not False:
+        raise ValueError(
+            "storage_options frames: de-duplicating frames needs a frame table shared by every writer process, "
+            f"which storage={storage!r} does not have; use storage='host' for frames, or leave frames out"
+        )
+
+
+def check_byte_budget(byte_budget: Any) -> int:
+    """``byte_budget`` as a positive int (bytes); ``ValueError`` naming it otherwise."""
+    if not is_int(byte_budget) or isinstance(byte_budget, bool) or byte_budget < 1:
+        raise ValueError(f"storage_options byte_budget must be a positive integer (bytes), got {byte_budget!r}")
+    return int(byte_budget)
+
+
+def _worst_row(schema: Mapping[str, Field], codecs: Mapping[str, Codec]) -> int:
+    """Log bytes of a row whose fields do not compress at all."""
+    return sum(schema[n].item_bytes + _BLOSC2_OVERHEAD + RECORD_HEADER_BYTES for n in codecs)
+
+
+def adopt_rows(schema: Mapping[str, Field], codecs: Mapping[str, Codec], byte_budget: int) -> int:
+    """Rows a restore appends at a time: few enough that they fit the log even uncompressed."""
+    return max(1, min(_ADOPT_ROWS, byte_budget // _worst_row(schema, codecs)))
+
+
+def oldest_first(position: int, size: int, capacity: int, chunk: int) -> Iterator[np.ndarray]:
+    """The slots of a ring of ``size`` rows at ``position``, oldest ticket first, ``chunk`` at a time."""
+    oldest = position if size == capacity else 0
+    for lo in range(0, size, chunk):
+        yield (oldest + np.arange(lo, min(lo + chunk, size))) % capacity
+
+
+def encode_rows(codecs: Mapping[str, Codec], arrays: Mapping[str, np.ndarray], log_bytes: int) -> EncodedRows:
+    """Compress the fields ``codecs`` names among ``arrays`` (validated rows) for a log of ``log_bytes``; changes nothing.
+
+    Raises:
+        ByteBudgetError: a row's records, or the batch's, do not fit the log.
+    """
+    rows = len(next(iter(arrays.values())))
+    names = [n for n in codecs if n in arrays]
+    per_field = [
+        compress_rows(np.ascontiguousarray(arrays[n]).reshape(rows, -1).view(np.uint8), codecs[n].name, codecs[n].level)
+        for n in names
+    ]
+    records = [r for row in zip(*per_field) for r in row]
+    sizes = (
+        np.add.reduceat(
+            np.fromiter(map(len, records), np.int64, len(records)) + RECORD_HEADER_BYTES,
+            np.arange(0, len(records), max(len(names), 1)),
+        )
+        if records
+        else np.zeros(0, np.int64)
+    )
+    if sizes.size and sizes.sum() > log_bytes:
+        largest = int(sizes.max())
+        what = (
+            f"a row's records take {largest} bytes"
+            if largest > log_bytes
+            else f"the {rows} rows' records take {int(sizes.sum())} bytes (add fewer rows a call)"
+        )
+        raise ByteBudgetError(
+            f"byte_budget: {what}, more than the whole record log of {log_bytes} bytes; nothing was "
+            "written (raise byte_budget, see docs/compression.md)"
+        )
+    return EncodedRows(rows, {n: a for n, a in arrays.items() if n not in codecs}, names, records)
+
+
+def copy_records(
+    log: RecordLog,
+    fields: Mapping[str, Field],
+    names: Sequence[str],
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+    stamps: np.ndarray,
+) -> dict[str, list[bytes | None]]:
+    """The records of fields ``names`` of rows whose references are ``offsets``, ``lengths`` (``(rows, fields)``)
+    and whose stamps were ``stamps``, copied out of ``log`` as they are.
+
+    A row's records are there if each record's header names the row's stamp and length, the head
+    had not passed any of them once all were copied (the seqlock's second read, as in the gather)
+    and each decompresses (CRC-32C, chunk, size); otherwise every record of the row is ``None``
+    (evicted, being rewritten, or damaged).
+    """
+    there = np.ones(len(stamps), bool)
+    records: dict[str, list[bytes | None]] = {name: [] for name in names}
+    for r, stamp in enumerate(stamps.tolist()):
+        for column, name in enumerate(names):
+            record = log.record_at(int(offsets[r, column]), int(lengths[r, column]), stamp)
+            records[name].append(record)
+            there[r] &= record is not None
+    if len(stamps):
+        there &= offsets.min(axis=1) >= log.reserved - log.log_bytes
+    for name in names:
+        there[record_arrays.damaged(records[name], np.flatnonzero(there), fields[name].item_bytes)] = False
+    return {
+        name: [record if ok else None for record, ok in zip(held, there.tolist())] for name, held in records.items()
+    }
 
 
 class CompressedSegment:
@@ -125,42 +255,8 @@ class CompressedSegment:
         self._fields = dict(self.control.schema.items())
 
     def encode(self, arrays: Mapping[str, np.ndarray]) -> EncodedRows:
-        """Compress the compressed fields among ``arrays`` (validated rows); changes nothing.
-
-        Raises:
-            ByteBudgetError: a row's records, or the batch's, do not fit the log.
-        """
-        rows = len(next(iter(arrays.values())))
-        names = [n for n in self.codecs if n in arrays]
-        per_field = [
-            compress_rows(
-                np.ascontiguousarray(arrays[n]).reshape(rows, -1).view(np.uint8),
-                self.codecs[n].name,
-                self.codecs[n].level,
-            )
-            for n in names
-        ]
-        records = [r for row in zip(*per_field) for r in row]
-        sizes = (
-            np.add.reduceat(
-                np.fromiter(map(len, records), np.int64, len(records)) + RECORD_HEADER_BYTES,
-                np.arange(0, len(records), max(len(names), 1)),
-            )
-            if records
-            else np.zeros(0, np.int64)
-        )
-        if sizes.size and sizes.sum() > self.log.log_bytes:
-            largest = int(sizes.max())
-            what = (
-                f"a row's records take {largest} bytes"
-                if largest > self.log.log_bytes
-                else f"the {rows} rows' records take {int(sizes.sum())} bytes (add fewer rows a call)"
-            )
-            raise ByteBudgetError(
-                f"byte_budget: {what}, more than the whole record log of {self.log.log_bytes} bytes; nothing was "
-                "written (raise byte_budget, see docs/compression.md)"
-            )
-        return EncodedRows(rows, {n: a for n, a in arrays.items() if n not in self.codecs}, names, records)
+        """Compress the compressed fields among ``arrays`` (validated rows); changes nothing (:func:`encode_rows`)."""
+        return encode_rows(self.codecs, arrays, self.log.log_bytes)
 
     def write_rows(self, first: int, encoded: Any, taken: np.ndarray | None) -> None:
         """Write the rows of tickets ``first + k`` (all, or where ``taken[k]``): records, references, raw fields.
@@ -215,39 +311,9 @@ class CompressedSegment:
         return out, sound
 
     def copy_records(self, slots: np.ndarray, stamps: np.ndarray) -> dict[str, list[bytes | None]]:
-        """The records of rows ``slots`` (whose stamps were ``stamps``) copied out of the log as they are.
-
-        A row's records are there if each record's header names the row's stamp and length, the head
-        had not passed any of them once all were copied (the seqlock's second read, as in the gather)
-        and each decompresses (CRC-32C, chunk, size); otherwise every record of the row is ``None``
-        (evicted, being rewritten, or damaged by a writer that copied late).
-        """
+        """The records of rows ``slots`` (whose stamps were ``stamps``) copied out of the log (:func:`copy_records`)."""
         offsets, lengths = self.offsets[slots], self.lengths[slots]  # copies: writers may rewrite them
-        there = np.ones(len(slots), bool)
-        records: dict[str, list[bytes | None]] = {name: [] for name in self.codecs}
-        for r, stamp in enumerate(stamps.tolist()):
-            for name, column in self._column.items():
-                record = self._record_at(int(offsets[r, column]), int(lengths[r, column]), stamp)
-                records[name].append(record)
-                there[r] &= record is not None
-        there &= offsets.min(axis=1) >= self.log.reserved - self.log.log_bytes
-        for name in self.codecs:
-            there[record_arrays.damaged(records[name], np.flatnonzero(there), self._fields[name].item_bytes)] = False
-        for name in self.codecs:
-            records[name] = [record if ok else None for record, ok in zip(records[name], there.tolist())]
-        return records
-
-    def _record_at(self, offset: int, length: int, stamp: int) -> bytes | None:
-        """The record at absolute log ``offset`` if its header names ``stamp`` and ``length`` (a copy)."""
-        size = self.log.log_bytes
-        if stamp <= 0 or offset < 0 or not 0 < length <= size - RECORD_HEADER_BYTES:
-            return None
-        start = offset % size
-        end = start + RECORD_HEADER_BYTES + length
-        data = self.log.data
-        span = data[start:end].tobytes() if end <= size else data[start:].tobytes() + data[: end - size].tobytes()
-        header = np.frombuffer(span, np.int64, 2)
-        return span[RECORD_HEADER_BYTES:] if (int(header[0]), int(header[1])) == (stamp, length) else None
+        return copy_records(self.log, self._fields, list(self.codecs), offsets, lengths, stamps)
 
     def close(self) -> None:
         self.rows = self.log = self.offsets = self.lengths = None  # type: ignore[assignment]
@@ -285,29 +351,8 @@ class CompressedSharedStorage(RingOwner):
         # Every argument is checked before the segment file is made.
         abandon_after = check_abandon_after(abandon_after)
         schema = schema if isinstance(schema, Schema) else Schema(schema)
-        if frames is not None and frames is not False:
-            raise ValueError(
-                "storage_options frames: de-duplicating frames needs a frame table shared by every writer process, "
-                "which storage='shared' does not have; use storage='host' for frames, or leave frames out"
-            )
-        if codec is None:
-            raise ValueError("storage_options byte_budget and frames apply to compressed fields: they need a codec")
-        codecs = field_codecs(schema, codec)
-        if not codecs:
-            raise ValueError(
-                f"storage_options codec={codec!r} compresses no field: a codec name goes to image fields (uint8, two "
-                "dimensions or more) and this schema has none; name fields with codec={field: codec}"
-            )
-        overhead = _BLOSC2_OVERHEAD + RECORD_HEADER_BYTES  # a record's bytes besides its data
-        worst_row = sum(schema[n].item_bytes + overhead for n in codecs)  # rows that do not compress
-        if byte_budget is None:
-            share = sum(schema[n].item_bytes // DEFAULT_BUDGET_FRACTION + overhead for n in codecs)
-            byte_budget = max(capacity * share, 2 * worst_row)
-        elif not is_int(byte_budget) or isinstance(byte_budget, bool) or byte_budget < 1:
-            raise ValueError(f"storage_options byte_budget must be a positive integer (bytes), got {byte_budget!r}")
-        self.byte_budget = int(byte_budget)
-        # Rows a restore appends at a time: few enough that they fit the log even uncompressed.
-        self._adopt_rows = max(1, min(_ADOPT_ROWS, self.byte_budget // worst_row))
+        codecs, self.byte_budget = log_options(capacity, schema, codec, byte_budget, frames, "shared")
+        self._adopt_rows = adopt_rows(schema, codecs, self.byte_budget)
         raw = {n: f for n, f in schema.items() if n not in codecs}
         row_bytes = record_layout(raw)[1]
         _, _, log_at = _layout(capacity, row_bytes, len(codecs))
@@ -473,9 +518,7 @@ class CompressedSharedStorage(RingOwner):
 
     def _oldest_first(self, position: int, size: int) -> Iterator[np.ndarray]:
         """The slots of a ring of ``size`` rows at ``position``, oldest ticket first, in chunks that fit the log."""
-        oldest = position if size == self.capacity else 0
-        for lo in range(0, size, self._adopt_rows):
-            yield (oldest + np.arange(lo, min(lo + self._adopt_rows, size))) % self.capacity
+        return oldest_first(position, size, self.capacity, self._adopt_rows)
 
     def view(self, name: str) -> np.ndarray:
         if name in self.codecs:
@@ -504,4 +547,16 @@ def _layout(capacity: int, row_bytes: int, fields: int) -> tuple[int, int, int]:
     return rows_bytes, refs_bytes, -(-(rows_bytes + refs_bytes) // _LINE) * _LINE
 
 
-__all__ = ["DEFAULT_BUDGET_FRACTION", "CompressedSegment", "CompressedSharedStorage", "EncodedRows"]
+__all__ = [
+    "DEFAULT_BUDGET_FRACTION",
+    "CompressedSegment",
+    "CompressedSharedStorage",
+    "EncodedRows",
+    "adopt_rows",
+    "check_byte_budget",
+    "check_frames",
+    "copy_records",
+    "encode_rows",
+    "log_options",
+    "oldest_first",
+]
