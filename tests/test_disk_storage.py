@@ -458,7 +458,7 @@ def test_check_options_is_the_storages_own_rule(tmp_path):
 
     keywords = set(inspect.signature(DiskStorage).parameters) - {"capacity", "schema"}
     every = {"path": "p", "ram_bytes": 0, "read_threads": 1, "flush_every": 1, "flush_seconds": 1.0}
-    every |= {"reopen": False, "abandon_after": 1.0}
+    every |= {"reopen": False, "abandon_after": 1.0, "codec": None, "byte_budget": None, "frames": None}
     assert set(check_options(every)) == keywords  # every keyword taken, none left out
     assert check_options({"path": "rel", "reopen": np.bool_(True)}) == {"path": Path.cwd() / "rel", "reopen": True}
     # A value the old per-argument checks let through: too many read threads (each an OS thread).

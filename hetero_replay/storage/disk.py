@@ -65,7 +65,19 @@ import numpy as np
 from hetero_replay import _native
 from hetero_replay.checks import check_bool, check_int
 from hetero_replay.storage import checkpoint
+from hetero_replay.storage import records as record_arrays
 from hetero_replay.storage.base import check_host_batch
+from hetero_replay.storage.codec import Codec, CompressedFields, parse_settings, settings_json
+from hetero_replay.storage.disk_records import (
+    LOG_FILE,
+    REFS,
+    DiskRecords,
+    check_head,
+    create_log,
+    payload_bytes,
+    row_schema,
+    stored_settings,
+)
 from hetero_replay.storage.durable import (
     DURABLE,
     FlushSchedule,
@@ -83,6 +95,7 @@ from hetero_replay.storage.files import (
     private_directory,
 )
 from hetero_replay.storage.host import _contiguous_strides, record_layout
+from hetero_replay.storage.record_log import RECORD_HEADER_BYTES, Evictions
 from hetero_replay.storage.ring import (
     TICKET_MASK,
     RawRows,
@@ -94,6 +107,14 @@ from hetero_replay.storage.ring import (
     pid_alive,
 )
 from hetero_replay.storage.schema import Schema
+from hetero_replay.storage.shared_compressed import (
+    EncodedRows,
+    adopt_rows,
+    check_byte_budget,
+    check_frames,
+    log_options,
+    oldest_first,
+)
 
 CONTROL_FILE, ROW_FILE, STATE_FILE = "ring.ctl", "rows.dat", "state.hrp"
 #: The most threads a batch is read with (``read_threads``): each is an OS thread of the native pool.
@@ -112,7 +133,22 @@ _OPTION_CHECKS: dict[str, Callable[[Any], Any]] = {
     "flush_seconds": check_flush_seconds,
     "reopen": lambda value: check_bool(value, "storage_options reopen"),
     "abandon_after": check_abandon_after,
+    "codec": lambda value: _check_codec(value),
+    "byte_budget": lambda value: None if value is None else check_byte_budget(value),
+    "frames": lambda value: check_frames(value, "disk"),
 }
+
+
+def _check_codec(value: Any) -> Any:
+    """``value`` if its codec names and levels are known (the fields it names are checked against the schema
+    by :func:`~hetero_replay.storage.codec.field_codecs` when the storage is made)."""
+    if isinstance(value, Mapping):
+        for name, spec in value.items():
+            if spec is not None:
+                Codec.parse(spec, f"codec of field {name!r}")
+    elif value is not None:
+        Codec.parse(value)
+    return value
 
 
 def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -240,24 +276,56 @@ def _write_records(
     _pwrite_runs(fd, fmt, capacity, first, records, taken)
 
 
+def _write_rows(
+    fd: int,
+    fmt: RecordFormat,
+    capacity: int,
+    records: DiskRecords | None,
+    first: int,
+    encoded: Any,
+    taken: np.ndarray | None,
+) -> None:
+    """Write the rows of tickets ``first + k`` (all, or where ``taken[k]``): compressed fields' records first."""
+    if records is not None:
+        picked = np.arange(encoded.rows, dtype=np.int64) if taken is None else np.flatnonzero(taken)
+        encoded = records.row_arrays(encoded, first + picked + 1, picked)
+    _write_records(fd, fmt, capacity, first, encoded, taken)
+
+
+def _row_format(schema: Schema, codecs: Mapping[str, Codec]) -> RecordFormat:
+    """The row record of a buffer compressing ``codecs``' fields (their records' references in its place)."""
+    return RecordFormat(row_schema(schema, codecs) if codecs else schema)
+
+
 class DiskRows(RawRows):
-    """A writer process's view of a disk ring: the control block mapped, the row file open."""
+    """A writer process's view of a disk ring: the control block mapped, the row file (and record log) open."""
 
     def __init__(self, path: str) -> None:
         self.control = RingControl.attach(os.path.join(path, CONTROL_FILE))
+        self.records: DiskRecords | None = None
         try:
-            self.format = RecordFormat(self.control.schema)
+            if stored_settings(self.control) is not None:
+                self.records = DiskRecords(Path(path), self.control)
+            self.format = _row_format(self.control.schema, self.records.codecs if self.records else {})
             self.control.check_row_bytes(self.format.bytes)
             self.fd = open_file(os.path.join(path, ROW_FILE))
         except BaseException:
+            if self.records is not None:
+                self.records.close()
             self.control.close()
             raise
 
-    def write_rows(self, first: int, arrays: Mapping[str, np.ndarray], taken: np.ndarray | None) -> None:
-        _write_records(self.fd, self.format, self.control.capacity, first, arrays, taken)
+    def encode(self, arrays: Mapping[str, np.ndarray]) -> Any:
+        """The rows as :meth:`write_rows` takes them: compressed fields compressed (``ByteBudgetError``)."""
+        return arrays if self.records is None else self.records.encode(arrays)
+
+    def write_rows(self, first: int, arrays: Any, taken: np.ndarray | None) -> None:
+        _write_rows(self.fd, self.format, self.control.capacity, self.records, first, arrays, taken)
 
     def close(self) -> None:
         os.close(self.fd)
+        if self.records is not None:
+            self.records.close()
         self.control.close()
 
 
@@ -271,15 +339,24 @@ class DiskStorage(RingOwner, RawRows):
             missing; an existing one must be this user's and writable by nobody
             else: see :mod:`~hetero_replay.storage.files`). It must not hold a
             buffer already, unless ``reopen``. Made absolute here.
-        ram_bytes: RAM for the newest rows (the page-cache window, default 1 GiB).
+        ram_bytes: RAM for the newest rows (the page-cache window, default 1 GiB); with a ``codec``, the
+            newest rows first, the rest for the newest bytes of the record log.
         read_threads: threads reading a sampled batch (default 8).
         flush_every: a durable point after this many adds (default 10,000).
         flush_seconds: ... or after this many seconds (default 5); the rule of
             :class:`~hetero_replay.storage.durable.FlushSchedule`.
         reopen: continue the buffer at ``path`` from its last durable point (its
             capacity and schema must be these); no process of the previous run
-            may still be attached.
+            may still be attached. A buffer with compressed fields reopens with them
+            (its codec settings are in its control block); ``codec`` and
+            ``byte_budget``, if given, must be the buffer's.
         abandon_after: see :class:`~hetero_replay.storage.ring.RingReader`.
+        codec: compress these fields into the record log ``records.log`` (as for ``storage="shared"``:
+            :func:`~hetero_replay.storage.codec.field_codecs`; see the module docstring).
+        byte_budget: the record log's size in bytes (the default as for ``storage="shared"``:
+            :func:`~hetero_replay.storage.shared_compressed.log_options`); needs a ``codec``.
+        frames: refused (``ValueError``): de-duplicated frames need a frame table every writer
+            process shares, which this lock-free log does not have.
 
     Raises:
         TypeError, ValueError: an argument of the wrong type or out of range,
@@ -300,10 +377,14 @@ class DiskStorage(RingOwner, RawRows):
         flush_seconds: float = 5.0,
         reopen: bool = False,
         abandon_after: float = 5.0,
+        codec: Any = None,
+        byte_budget: int | None = None,
+        frames: Any = None,
     ) -> None:
         o = check_options({
             "path": path, "ram_bytes": ram_bytes, "read_threads": read_threads, "flush_every": flush_every,
-            "flush_seconds": flush_seconds, "reopen": reopen, "abandon_after": abandon_after,
+            "flush_seconds": flush_seconds, "reopen": reopen, "abandon_after": abandon_after, "codec": codec,
+            "byte_budget": byte_budget, "frames": frames,
         })  # fmt: skip
         read_threads, reopen, abandon_after = o["read_threads"], o["reopen"], o["abandon_after"]
         #: When durable points are due; it counts the tickets the learner has polled.
@@ -311,36 +392,58 @@ class DiskStorage(RingOwner, RawRows):
         self.schema = schema if isinstance(schema, Schema) else Schema(schema)
         self.capacity = int(capacity)
         self.path: Path = o["path"]
-        self.format = RecordFormat(self.schema)
+        # The compressed fields and the log's size asked for (None: none asked for); checked before any file.
+        wanted: tuple[dict[str, Codec], int] | None = None
+        if codec is not None or byte_budget is not None or frames is not None:
+            wanted = log_options(self.capacity, self.schema, codec, byte_budget, frames, "disk")
+            row_schema(self.schema, wanted[0])
+        #: The compressed fields' codecs ({} if none); a reopened buffer's are its own.
+        self.codecs: dict[str, Codec] = {} if wanted is None else wanted[0]
+        self.format = _row_format(self.schema, self.codecs)
         self.read_threads = read_threads
-        self.cache_rows = min(self.capacity, ram_bytes // self.format.bytes)
         #: ``(header, priorities)`` of the durable point a reopened buffer restores; None otherwise.
         self.reopened_point: tuple[dict[str, Any], np.ndarray] | None = None
+        #: The compressed fields' record log (None without a codec).
+        self.records: DiskRecords | None = None
         # Every argument is checked: from here on, files. The owner lock comes before anything
         # in the directory is read or written, and is held until close().
         if reopen:
-            self._lock, self.control = self._reopen()
+            self._lock, self.control = self._reopen(wanted)
         else:
-            self._lock, self.control = self._create()
+            self._lock, self.control = self._create(wanted)
         try:
             self.fd = open_file(self.path / ROW_FILE)
         except BaseException:
+            if self.records is not None:
+                self.records.close()
             self.control.close()
             self._lock.release()
             raise
+        self.cache_rows = min(self.capacity, ram_bytes // self.format.bytes)
+        #: Bytes of the record log's newest part kept in RAM (what ``ram_bytes`` leaves after the rows).
+        self.cache_log_bytes = max(0, ram_bytes - self.cache_rows * self.format.bytes)
         self.reader = RingReader(self.control, abandon_after)
+        #: Rows whose records the log overwrote (the byte budget was the limit), found so far.
+        self.evictions = Evictions(self.capacity)
+        self._row_log_bytes = np.zeros(self.capacity, np.int64)  # log bytes of each slot's records, as polled
+        #: Rows found damaged (failing their checksum) when read, each dropped from sampling.
+        self.damaged_rows = 0
         if self.reopened_point is not None:
             self.reader.take_stamps()
+            if self.records is not None:
+                self._restore_references(int(self.reopened_point[0]["record_log"]["head"]))
             self.schedule.continue_from(self.reopened_point[0][DURABLE]["points"], self.control.tickets)
         self.durable_rows = int(np.count_nonzero(self.control.stamps))  # the reopened point's rows (0 when new)
         self._tag = self.control.register(os.getpid())
         self._trimmed_to = 0  # tickets below this were dropped from the page cache
+        self._log_trimmed_to = 0  # record log positions below this too
         self._flusher: _Flusher | None = None
-        #: Rows found damaged (failing their checksum) when read, each dropped from sampling.
-        self.damaged_rows = 0
+        self._adopt_rows = (
+            self.capacity if self.records is None else adopt_rows(self.schema, self.codecs, self.records.log_bytes)
+        )
 
-    def _create(self) -> tuple[OwnerLock, RingControl]:
-        """A new buffer's directory (private), its lock, control block and row file; on failure none is left."""
+    def _create(self, wanted: tuple[dict[str, Codec], int] | None) -> tuple[OwnerLock, RingControl]:
+        """A new buffer's directory (private), its lock, control block, row file and record log; on failure none is left."""
         created_dir = private_directory(self.path, "storage_options path")
         ctl, rows = self.path / CONTROL_FILE, self.path / ROW_FILE
         made: list[Path] = []
@@ -348,13 +451,14 @@ class DiskStorage(RingOwner, RawRows):
         try:
             lock = OwnerLock(self.path)
             made.append(lock.path)
-            if os.path.lexists(ctl) or os.path.lexists(rows):
+            if os.path.lexists(ctl) or os.path.lexists(rows) or os.path.lexists(self.path / LOG_FILE):
                 made.clear()  # the lock file is that buffer's
                 raise ValueError(
                     f"storage_options path={str(self.path)!r} holds a replay buffer already: reopen it with "
                     "PrioritizedReplay.reopen(path) (or reopen=True), or choose another directory"
                 )
-            control = RingControl.create(str(ctl), self.capacity, self.schema, self.format.bytes)
+            payload = 0 if wanted is None else payload_bytes(*wanted)
+            control = RingControl.create(str(ctl), self.capacity, self.schema, self.format.bytes, payload)
             made.append(ctl)
             try:
                 fd = create_file(rows)
@@ -363,6 +467,9 @@ class DiskStorage(RingOwner, RawRows):
                     os.ftruncate(fd, self.capacity * self.format.bytes)
                 finally:
                     os.close(fd)
+                if wanted is not None:
+                    made.append(create_log(self.path, control, *wanted))
+                    self.records = DiskRecords(self.path, control)
             except BaseException:
                 control.close()
                 raise
@@ -377,7 +484,7 @@ class DiskStorage(RingOwner, RawRows):
                     self.path.rmdir()
             raise
 
-    def _reopen(self) -> tuple[OwnerLock, RingControl]:
+    def _reopen(self, wanted: tuple[dict[str, Codec], int] | None) -> tuple[OwnerLock, RingControl]:
         ctl = self.path / CONTROL_FILE
         if not os.path.lexists(ctl):
             raise ValueError(f"storage_options reopen=True but {str(self.path)!r} holds no replay buffer")
@@ -394,8 +501,19 @@ class DiskStorage(RingOwner, RawRows):
                     f"{str(self.path)!r} holds a buffer of capacity {control.capacity} and schema "
                     f"{control.schema!r}, not {self.capacity} and {self.schema!r}"
                 )
+            stored = stored_settings(control)
+            if wanted is not None and stored != wanted:
+                held = "no compressed fields" if stored is None else f"codecs {stored[0]} and byte_budget {stored[1]}"
+                raise ValueError(
+                    f"{str(self.path)!r} holds a buffer with {held}, not codecs {wanted[0]} and byte_budget "
+                    f"{wanted[1]}: reopen it without codec and byte_budget"
+                )
+            self.codecs = {} if stored is None else stored[0]
+            self.format = _row_format(self.schema, self.codecs)
             control.check_row_bytes(self.format.bytes)
             self._check_row_file()
+            if stored is not None:
+                self.records = DiskRecords(self.path, control)
             live = [int(p) for p in control.writers[:, 0] if p > 0 and pid_alive(int(p))]
             if live:
                 raise ValueError(
@@ -406,6 +524,9 @@ class DiskStorage(RingOwner, RawRows):
             point = read_point(state) if state.exists() else None
             if point is not None:
                 _check_ring_point(state, *point)
+                if self.records is not None:
+                    log = point[0].get("record_log")
+                    check_head(state, control, log.get("head") if isinstance(log, dict) else None)
             # Everything read is checked: only now does the control block change.
             control.writers[:] = 0
             control.reopen()
@@ -420,10 +541,43 @@ class DiskStorage(RingOwner, RawRows):
                 control.stamps[:] = 0
                 control.set_tickets(0)
         except BaseException:
+            if self.records is not None:
+                self.records.close()
+                self.records = None
             control.close()
             lock.release()
             raise
         return lock, control
+
+    def _restore_references(self, durable_head: int) -> None:
+        """A reopened buffer's rows with compressed fields: each row's references read and checked (the row's
+        checksum; its records reserved before the durable point's head and not overwritten since). A row
+        failing the checksum or with impossible references is dropped as damaged (counted in
+        :attr:`damaged_rows`), one whose records were overwritten as evicted (:attr:`evicted_rows`): either
+        way its slot is emptied and its priority 0. The others are tracked, so that the poll finds them
+        evicted once the head passes them.
+        """
+        assert self.records is not None and self.reopened_point is not None
+        priorities = self.reopened_point[1]
+        for chunk in np.array_split(np.flatnonzero(self.reader.seen > 0), max(1, self.capacity // 65536)):
+            if not chunk.size:
+                continue
+            stamps = self.reader.seen[chunk]
+            rows = self._read(chunk)
+            head, tail = self.format.ends(rows)
+            refs = self.format.unpack(rows, [REFS])[REFS]
+            ends = refs[:, 0] + refs[:, 1] + RECORD_HEADER_BYTES
+            sound = (head == stamps) & (tail == stamps) & self.format.sound(rows)
+            sound &= (refs[:, 0].min(axis=1) >= 0) & (refs[:, 1].min(axis=1) > 0) & (ends.max(axis=1) <= durable_head)
+            evicted = sound & self.records.evicted(refs)
+            self.damaged_rows += int(np.count_nonzero(~sound))
+            self.evictions.count(chunk[evicted], stamps[evicted])
+            drop = chunk[~sound | evicted]
+            self.control.stamps[drop] = 0
+            priorities[drop] = 0
+            kept = sound & ~evicted
+            self._track(chunk[kept], refs[kept], stamps[kept])
+        self.reader.take_stamps()
 
     def _check_row_file(self) -> None:
         """The row file must be a regular file of ``capacity`` records: ``ReplayFileError`` naming it otherwise."""
@@ -449,20 +603,19 @@ class DiskStorage(RingOwner, RawRows):
     def validate_fields(self, fields: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
         return check_host_batch(self.schema, self.capacity, fields, every_field=False)
 
-    def _read(self, slots: np.ndarray) -> np.ndarray:
+    def _read(self, slots: np.ndarray, threads: int | None = None) -> np.ndarray:
         records = np.empty((len(slots), self.format.bytes), np.uint8)
-        _native.read_records(self.fd, slots.astype(np.int64) * self.format.bytes, records, self.read_threads)
+        offsets = slots.astype(np.int64) * self.format.bytes
+        _native.read_records(self.fd, offsets, records, threads or self.read_threads)
         return records
 
-    def gather(self, indices: np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        """Rows ``indices`` as stored (``read_rows``, ``state_dict``, ``save``); a damaged one is refused.
+    def _whole_rows(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The row records at ``slots`` and their stamps, for ``read_rows``, ``state_dict`` and ``save``.
 
         Raises:
             ReplayFileError: a row read whole fails its checksum (naming its slots): it is counted in
-                :attr:`damaged_rows` and not returned. Slots without a committed row (never written,
-                being rewritten, dropped at ``reopen``: priority 0, never sampled) are returned as stored.
+                :attr:`damaged_rows` and not returned.
         """
-        slots = np.asarray(indices, dtype=np.int64)
         records = self._read(slots)
         head, tail = self.format.ends(records)
         # Checked only where the slot's stamp, read after the row, is the row's own at both ends: a
@@ -470,32 +623,71 @@ class DiskStorage(RingOwner, RawRows):
         whole = (head > 0) & (head == tail) & (_native.stamps_at(self.control.stamps, slots) == head)
         damaged = whole & ~self.format.sound(records)
         if damaged.any():
-            bad = np.unique(slots[damaged])
-            self.damaged_rows += len(bad)
-            raise checkpoint.ReplayFileError(
-                f"{self.path / ROW_FILE}: rows at slots {bad[:16].tolist()} fail their checksum (changed on the "
-                f"disk): not returned ({self.damaged_rows} damaged rows found so far; a slot is whole again "
-                "once the ring rewrites it)"
-            )
-        return self.format.unpack(records, fields)
+            self._refuse_damaged(slots[damaged], ROW_FILE)
+        return records, head
+
+    def _refuse_damaged(self, slots: np.ndarray, file: str) -> None:
+        bad = np.unique(slots)
+        self.damaged_rows += len(bad)
+        raise checkpoint.ReplayFileError(
+            f"{self.path / file}: rows at slots {bad[:16].tolist()} fail their checksum (changed on the "
+            f"disk): not returned ({self.damaged_rows} damaged rows found so far; a slot is whole again "
+            "once the ring rewrites it)"
+        )
+
+    def gather(self, indices: np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Rows ``indices`` as stored (``read_rows``, ``state_dict``, ``save``); a damaged one is refused.
+
+        A row whose compressed records the log has overwritten (evicted) reads as zeros in those fields.
+
+        Raises:
+            ReplayFileError: a row read whole, or one of its records, fails its checksum (naming its slots
+                and file): it is counted in :attr:`damaged_rows` and not returned. Slots without a committed
+                row (never written, being rewritten, dropped at ``reopen``: priority 0, never sampled) are
+                returned as stored.
+        """
+        slots = np.asarray(indices, dtype=np.int64)
+        names = list(self.schema) if fields is None else list(fields)
+        records, stamps = self._whole_rows(slots)
+        packed = [n for n in names if n in self.codecs]
+        rows = self.format.unpack(records, [n for n in names if n not in self.codecs] + ([REFS] if packed else []))
+        if packed:
+            assert self.records is not None
+            refs = rows.pop(REFS)
+            decoded, sound = self.records.decode(refs, stamps, packed, self.read_threads)
+            damaged = (stamps > 0) & ~sound & ~self.records.evicted(refs)
+            if damaged.any():
+                self._refuse_damaged(slots[damaged], LOG_FILE)
+            rows.update(decoded)
+        return {name: rows[name] for name in names}
 
     def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
-        """Overwrite fields of stored rows in place (their tickets unchanged): read, patch, write."""
+        """Overwrite fields of stored rows in place (their tickets unchanged): read, patch, write.
+
+        Compressed fields get new records (appended to the log with the rows' stamps).
+        """
         rows = len(next(iter(arrays.values())))
         slots = (start + np.arange(rows)) % self.capacity
         records = self._read(slots)
         # A damaged row stays damaged (sealing it would vouch for its bad bytes); a row never
         # written (stamp 0) gets a checksum, a later add replaces it anyway.
         sound = self.format.sound(records) | (self.format.ends(records)[0] == 0)
-        for name, view in self.format._views(records).items():
-            if name in arrays:
+        views = self.format._views(records)
+        if self.records is not None and any(n in self.codecs for n in arrays):
+            encoded = self.records.encode(arrays)
+            stamps = self.control.stamps[slots].copy()
+            refs = self.records.row_arrays(encoded, stamps, np.arange(rows, dtype=np.int64))[REFS]
+            columns = [list(self.codecs).index(n) for n in encoded.names]
+            views[REFS][:, :, columns] = refs[:, :, columns]
+        for name, view in views.items():
+            if name in arrays and name not in self.codecs:
                 view[...] = arrays[name]
         self.format.seal(records, sound)
         for k, slot in enumerate(slots):
             os.pwrite(self.fd, memoryview(records[k]).cast("B"), int(slot) * self.format.bytes)
 
     def export_rows(self, count: int, copy: bool = True) -> dict[str, np.ndarray]:
-        """The first ``count`` slots' rows (``state_dict``, ``save``): ``ReplayFileError`` if one is damaged (:meth:`gather`)."""
+        """The first ``count`` slots' rows: ``ReplayFileError`` if one is damaged (:meth:`gather`)."""
         return self.gather(np.arange(count, dtype=np.int64))
 
     def import_rows(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -509,34 +701,160 @@ class DiskStorage(RingOwner, RawRows):
 
     # -- the ring ------------------------------------------------------------------------
 
-    def write_rows(self, first: int, arrays: Mapping[str, np.ndarray], taken: np.ndarray | None) -> None:
-        _write_records(self.fd, self.format, self.capacity, first, arrays, taken)
+    @property
+    def evicted_rows(self) -> int:
+        """Rows found to have lost their records to newer ones (the byte budget was the limit)."""
+        return self.evictions.rows
+
+    @property
+    def bytes_per_row(self) -> float:
+        """Mean log bytes (records and headers) of the rows held now (0 without a codec): capacity times
+        this is a budget that evicts nothing."""
+        held = self.reader.seen > 0
+        return float(self._row_log_bytes[held].mean()) if self.records is not None and held.any() else 0.0
+
+    def encode(self, arrays: Mapping[str, np.ndarray]) -> Any:
+        """The rows as :meth:`write_rows` takes them: compressed fields compressed (``ByteBudgetError``)."""
+        return arrays if self.records is None else self.records.encode(arrays)
+
+    def write_rows(self, first: int, arrays: Any, taken: np.ndarray | None) -> None:
+        _write_rows(self.fd, self.format, self.capacity, self.records, first, arrays, taken)
+
+    def poll(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ring's poll; with compressed fields also the rows whose records the log overwrote among the gone.
+
+        The new rows' references are read (from the page cache: just written) to track them.
+        """
+        new, gone = self.reader.poll()
+        if self.records is None:
+            return new, gone
+        seen = self.reader.seen
+        if new.size:
+            rows = self._read(new, threads=1)  # just written: from the page cache, no threads to start
+            head, tail = self.format.ends(rows)
+            mine = (head == seen[new]) & (tail == seen[new])  # else rewritten since: the gather's checks catch it
+            self._track(new[mine], self.format.unpack(rows[mine], [REFS])[REFS], seen[new[mine]])
+        dead = self.evictions.expired(self.records.reserved - self.records.log_bytes, seen)
+        if dead.size:
+            self.evictions.count(dead, seen[dead])
+            gone = np.union1d(gone, dead)
+        return new, gone
+
+    def _track(self, slots: np.ndarray, refs: np.ndarray, stamps: np.ndarray) -> None:
+        """Rows at ``slots`` with records ``refs``: watched by the poll for eviction, their bytes counted."""
+        assert self.records is not None
+        if slots.size:
+            self.evictions.track(slots, refs[:, 0].min(axis=1), stamps)
+            self._row_log_bytes[slots] = self.records.row_log_bytes(refs)
 
     def read_intact(self, indices: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         slots = np.asarray(indices)
         seen = self.reader.seen[slots]
         records = self._read(slots)
         head, tail = self.format.ends(records)
+        rows = self.format.unpack(records)
         ok = self.reader.intact(slots) & (head == seen) & (tail == seen)
         # A row read whole (its stamps unchanged around the read) that fails its checksum changed on
         # the disk: it is never served, and its priority, cleared by the caller, stays 0 until rewritten.
         damaged = ok & ~self.format.sound(records)
+        if self.records is not None:
+            refs = rows.pop(REFS)
+            decoded, sound = self.records.decode(refs, seen, list(self.codecs), self.read_threads)
+            rows.update(decoded)
+            # Records the head passed were overwritten (evicted); others that fail the checks were damaged.
+            lost = ok & ~damaged & ~sound
+            evicted = lost & self.records.evicted(refs)
+            if evicted.any():
+                self.evictions.count(np.unique(slots[evicted]), seen[evicted])
+            damaged |= lost & ~evicted
+            ok &= ~evicted
         if damaged.any():
             bad = np.unique(slots[damaged])
             self.damaged_rows += len(bad)
             warnings.warn(
-                f"{self.path / ROW_FILE}: rows at slots {bad.tolist()} fail their checksum (changed on the "
-                f"disk): dropped from sampling until rewritten ({self.damaged_rows} so far)",
+                f"{self.path}: rows at slots {bad.tolist()} fail their checksum (changed on the disk): dropped "
+                f"from sampling until rewritten ({self.damaged_rows} so far)",
                 RuntimeWarning,
                 stacklevel=4,
             )
             ok &= ~damaged
-        return self.format.unpack(records), ok
+        return {name: rows[name] for name in self.schema}, ok
 
     def adopt(self, position: int, size: int, arrays: Mapping[str, np.ndarray]) -> None:
+        """Hold restored rows; compressed, they are appended oldest ticket first, a chunk at a time, so that a
+        budget smaller than the rows keeps the newest (as writes would have) instead of refusing the restore."""
         self.reader.adopt(position, size)
-        stamps = self.control.stamps[:size].copy()
-        _pwrite_runs(self.fd, self.format, self.capacity, 0, self.format.pack(arrays, stamps), None)
+        for slots in oldest_first(position, size, self.capacity, self._adopt_rows):
+            chunk = {name: a[slots] for name, a in arrays.items()}
+            self._put(slots, chunk if self.records is None else self.records.encode(chunk))
+
+    def _put(self, slots: np.ndarray, encoded: Any, picked: np.ndarray | None = None) -> None:
+        """Write rows at consecutive ring ``slots`` (restored: their stamps are the control block's), with
+        the records of rows ``picked`` (all by default; the others have none: never served)."""
+        stamps = self.control.stamps[slots].copy()
+        if self.records is not None:
+            picked = np.arange(len(slots), dtype=np.int64) if picked is None else picked
+            encoded = self.records.row_arrays(encoded, stamps[picked], picked)
+            self._track(slots[picked], encoded[REFS][picked], stamps[picked])
+        _pwrite_runs(self.fd, self.format, self.capacity, int(slots[0]), self.format.pack(encoded, stamps), None)
+
+    def export_state(self, count: int, copy: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
+        """The first ``count`` rows: raw fields' rows and, with a codec, the compressed fields' records as
+        they are (copies), with the codec settings (the host storage's form; None without a codec).
+
+        A row whose records the log no longer holds (evicted, or a writer rewriting it: see
+        :func:`~hetero_replay.storage.shared_compressed.copy_records`) has no records: it is not
+        served, and its owner saves it with priority 0.
+
+        Raises:
+            ReplayFileError: a row, or a record the log still holds, fails its checksum (see :meth:`gather`).
+        """
+        if self.records is None:
+            return self.export_rows(count), None
+        slots = np.arange(count, dtype=np.int64)
+        records, stamps = self._whole_rows(slots)
+        rows = self.format.unpack(records, [n for n in self.schema if n not in self.codecs] + [REFS])
+        refs = rows.pop(REFS)
+        held = self.records.copy(refs, stamps)
+        torn = ~self.reader.intact(slots) | (stamps != self.reader.seen[:count])
+        # A whole row whose records the head has not passed, yet fail the checks, was damaged on the disk.
+        missing = np.logical_or.reduce([[r is None for r in field_records] for field_records in held.values()])
+        damaged = missing & ~torn & ~self.records.evicted(refs)
+        if damaged.any():
+            self._refuse_damaged(slots[damaged], LOG_FILE)
+        arrays: dict[str, np.ndarray] = {}
+        for name, field_records in held.items():
+            for r in np.flatnonzero(torn).tolist():
+                field_records[r] = None
+            arrays[f"{name}/records"], arrays[f"{name}/offsets"] = record_arrays.join(field_records)
+        settings = settings_json(self.codecs, [], self.records.log_bytes)
+        return rows, {"settings": settings, "arrays": arrays}
+
+    def adopt_state(self, position: int, size: int, rows: Mapping[str, np.ndarray], packed: Mapping[str, Any]) -> None:
+        """:meth:`adopt` of rows in :meth:`export_state`'s form. Records compressed alike (codec and level,
+        no ``frames``) are appended as they are, after each was decompressed once to check it; others
+        (or all, without a codec here) are decompressed and written as rows. A row without records stays
+        unserved (as if evicted).
+
+        Raises:
+            ValueError: the records are wrong (see :meth:`~hetero_replay.storage.codec.CompressedFields.adopt`).
+        """
+        codecs, pooled, _ = parse_settings(self.schema, packed.get("settings"))
+        source = CompressedFields.restored(self.schema, packed, size)  # checks every record
+        if codecs != self.codecs or pooled:
+            arrays = dict(rows)
+            arrays.update(source.gather(np.arange(size, dtype=np.int64), list(codecs)))
+            self.adopt(position, size, arrays)
+            return
+        self.reader.adopt(position, size)
+        names = list(self.codecs)
+        held = [source.records(name) for name in names]
+        for slots in oldest_first(position, size, self.capacity, self._adopt_rows):
+            picked = np.asarray(
+                [k for k, slot in enumerate(slots.tolist()) if all(h[slot] is not None for h in held)], np.int64
+            )
+            records = [h[slot] or b"" for slot in slots[picked].tolist() for h in held]
+            self._put(slots, EncodedRows(len(slots), {n: a[slots] for n, a in rows.items()}, names, records), picked)
 
     def writer(self) -> RingWriter:
         """A picklable handle actor processes add rows with (see :class:`RingWriter`)."""
@@ -549,19 +867,21 @@ class DiskStorage(RingOwner, RawRows):
         return self.schedule.count(self.reader.scanned - self.schedule.added)
 
     def flush(self, header: Mapping[str, Any], priorities: np.ndarray, wait: bool = False) -> None:
-        """Make a durable point of this snapshot: rows synced, then ``state.hrp`` replaced atomically.
+        """Make a durable point of this snapshot: rows (and records) synced, then ``state.hrp`` replaced atomically.
 
         ``header`` and ``priorities`` (every slot's) are the owner's, taken with
         the stamps under the owner's lock; the disk work runs on a background
-        thread unless ``wait``. The schedule starts again from here.
+        thread unless ``wait``. The schedule starts again from here. With compressed fields the
+        point records the log's head, read after the stamps: every record of the rows it holds lies below.
         """
         self.schedule.count(self.reader.scanned - self.schedule.added)
         stamps = self.reader.seen.copy()
         # A poll may see a slot committed by a ticket issued after it read the counter: the count
         # covers it, so that a reopened ring issues no ticket older than a row it holds.
         tickets = max(self.reader.scanned, int(stamps.max(initial=0)))
+        extra = {} if self.records is None else {"record_log": {"head": self.records.reserved}}
         snapshot = (
-            {**header, "rows": checkpoint.RING_ROWS, "tickets": tickets, DURABLE: self.schedule.section()},
+            {**header, "rows": checkpoint.RING_ROWS, "tickets": tickets, DURABLE: self.schedule.section(), **extra},
             {"priorities": priorities, "stamps": stamps},
         )
         self.schedule.written()
@@ -570,10 +890,14 @@ class DiskStorage(RingOwner, RawRows):
         self._flusher.submit(snapshot, wait)
 
     def _write_durable(self, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        if self.records is not None:
+            os.fdatasync(self.records.fd)
         os.fdatasync(self.fd)
         checkpoint.write(self.path / STATE_FILE, header, arrays)
         self.durable_rows = int(np.count_nonzero(arrays["stamps"]))
         self._trim_cache(int(header["tickets"]))
+        if self.records is not None:
+            self._trim_log(int(header["record_log"]["head"]))
 
     def _trim_cache(self, tickets: int) -> None:
         """Drop the rows that left the RAM window since the last trim from the page cache (synced pages go).
@@ -582,13 +906,18 @@ class DiskStorage(RingOwner, RawRows):
         """
         end = tickets - self.cache_rows  # tickets below this are out of the window
         start = max(self._trimmed_to, end - self.capacity)
-        if end <= start:
-            return
-        b, first, count = self.format.bytes, start % self.capacity, end - start
-        for lo, n in ((first, min(count, self.capacity - first)), (0, count - (self.capacity - first))):
-            if n > 0:
-                os.posix_fadvise(self.fd, lo * b, n * b, os.POSIX_FADV_DONTNEED)
-        self._trimmed_to = end
+        if end > start:
+            _drop_cached(self.fd, start * self.format.bytes, end * self.format.bytes, self.capacity * self.format.bytes)
+            self._trimmed_to = end
+
+    def _trim_log(self, head: int) -> None:
+        """The same for the record log: the bytes below its newest :attr:`cache_log_bytes` (up to ``head``)."""
+        assert self.records is not None
+        end = head - self.cache_log_bytes
+        start = max(self._log_trimmed_to, end - self.records.log_bytes)
+        if end > start:
+            _drop_cached(self.records.fd, start, end, self.records.log_bytes)
+            self._log_trimmed_to = end
 
     @property
     def closed(self) -> bool:
@@ -603,12 +932,24 @@ class DiskStorage(RingOwner, RawRows):
         self.control.mark_closed()
         self.control.unregister(self._tag, os.getpid())
         os.close(self.fd)
+        if self.records is not None:
+            self.records.close()
         self.control.close()
         self.control = None  # type: ignore[assignment]
         self._lock.release()
 
     def __repr__(self) -> str:
-        return f"DiskStorage({str(self.path)!r}, capacity={self.capacity}, cache_rows={self.cache_rows})"
+        codec = "" if self.records is None else f", codecs={self.codecs}, byte_budget={self.records.log_bytes}"
+        return f"DiskStorage({str(self.path)!r}, capacity={self.capacity}, cache_rows={self.cache_rows}{codec})"
+
+
+def _drop_cached(fd: int, start: int, end: int, size: int) -> None:
+    """Drop absolute bytes ``[start, end)`` of a ring file of ``size`` bytes (position ``p`` at ``p % size``;
+    at most one lap) from the page cache: ``posix_fadvise(DONTNEED)`` of the one or two slices."""
+    first, count = start % size, end - start
+    for lo, n in ((first, min(count, size - first)), (0, count - (size - first))):
+        if n > 0:
+            os.posix_fadvise(fd, lo, n, os.POSIX_FADV_DONTNEED)
 
 
 class _Flusher:
@@ -646,6 +987,8 @@ class _Flusher:
             with self._cond:
                 if not self._cond.wait_for(lambda: self._next is not None or self._stopping, WRITEBACK_SECONDS):
                     _start_writeback(self._storage.fd)
+                    if self._storage.records is not None:
+                        _start_writeback(self._storage.records.fd)
                     continue
                 if self._next is None:
                     return
@@ -742,6 +1085,7 @@ def last_durable_header(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 __all__ = [
     "CONTROL_FILE",
+    "LOG_FILE",
     "ROW_FILE",
     "STATE_FILE",
     "DiskRows",

@@ -142,6 +142,11 @@ class RingControl:
             )
         return np.frombuffer(self._map, np.uint8, nbytes, self.payload_offset)
 
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes the file holds after the control block (its storage's rows or log header, if any)."""
+        return len(self._map) - self.payload_offset
+
     def check_row_bytes(self, expected: int) -> None:
         """Refuse a control block whose row size is not ``expected``, what a row of its schema takes here."""
         if self.row_bytes != expected:
