@@ -12,6 +12,7 @@ host       cpu               :class:`HostStorage`, NumPy arrays
 shared     cpu               ``SharedStorage``: a file mapping actor processes add to
                              (``CompressedSharedStorage`` with a ``codec``: a shared record log)
 disk       cpu               ``DiskStorage``: a ring file, parallel reads, durable points
+                             (with a ``codec``: a record log file, ``records.log``)
 pinned     cpu               ``TorchStorage`` in page-locked host memory
 a device   any torch device  ``TorchStorage`` there (``"cpu"``, ``"cuda:1"``, ``"meta"``);
                              registered as ``"torch"``, chosen by the device name
@@ -129,7 +130,8 @@ register_storage(
     _disk,
     devices=("cpu",),
     device_batches=False,
-    description="a ring file on local disk, parallel reads, the newest rows in RAM, durable points",
+    description="a ring file on local disk, parallel reads, the newest rows in RAM, durable points; "
+    "image fields compressed with storage_options={'codec': 'lz4', 'byte_budget': ...}",
 )
 
 

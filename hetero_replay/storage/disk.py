@@ -33,6 +33,23 @@ Priorities and the tree stay in the learner's RAM.
 * **Reopening trusts nothing it reads**: the control block, the row file and
   the durable point are checked against each other and the ring's bounds before
   anything changes (``ReplayFileError`` naming the damaged part).
+* **Compressed fields** (``storage_options={"codec": "lz4", "byte_budget": ...}``,
+  the options and rules of ``storage="shared"``; ``frames`` is refused for the
+  same reason: no frame table is shared by the writer processes). The records go
+  to ``<path>/records.log``, a file of ``byte_budget`` bytes used as a
+  log-structured ring (:mod:`~hetero_replay.storage.disk_records`): a writer
+  compresses its batch in its own process, reserves its records' bytes with one
+  atomic add on a head kept in ``ring.ctl``, and ``pwrite``-s them (with a
+  header: the row's stamp, the record's length) at ``offset % byte_budget``; the
+  row record keeps the raw fields and each record's offset and length under its
+  checksum. A gather reads the sampled rows' records with ``pread`` on the read
+  threads and decodes them in C++ (GIL released), with the shared log's checks
+  (header, CRC-32C, the head re-read after the copy). When the byte budget, not
+  the capacity, is the limit, the oldest records are overwritten: their rows are
+  *evicted* (priority 0, counted in :attr:`DiskStorage.evicted_rows`, never
+  served); a record that fails the checks although the head has not passed it
+  was damaged on the disk: its row is dropped as a damaged raw row is (below).
+  Checkpoints keep the records as they are (the shared storage's form).
 * **Durable points.** Every ``flush_every`` adds or ``flush_seconds`` seconds
   (checked at each buffer call), the learner snapshots every slot's priority
   and stamp, the max priority, the random generator and the ticket count; a
@@ -44,7 +61,20 @@ Priorities and the tree stay in the learner's RAM.
   stamp still equals the snapshot's holds the same complete row; slots
   rewritten after it are empty. The loss window is the rows added after the
   last durable point (at most ``flush_every`` adds or ``flush_seconds``
-  seconds, plus the time one write of the snapshot takes).
+  seconds, plus the time one write of the snapshot takes). With compressed
+  fields the point also records the log's head (``records.log`` is synced
+  first), and ``reopen`` takes the codecs from ``ring.ctl`` and checks the log:
+  ``records.log`` missing, not a regular file or not ``byte_budget`` bytes long
+  (truncated), damaged settings, or a head in ``ring.ctl`` behind the durable
+  point's (the control block was reset) raise ``ReplayFileError`` naming the
+  file, before anything changes. Then each restored row's record references are
+  read: a row failing its checksum, or whose records lie outside what the log
+  held at the durable point, is dropped as damaged, one whose records were
+  overwritten since as evicted (priority 0 either way). A record damaged while
+  the buffer was closed is found when first read, as a damaged raw row is.
+* **RAM.** With compressed fields, ``ram_bytes`` covers the newest rows first
+  and the newest bytes of ``records.log`` with the rest; the durable points'
+  page-cache trim drops what leaves either window.
 """
 
 from __future__ import annotations
