@@ -21,6 +21,7 @@ import pytest
 
 from hetero_replay import PrioritizedReplay, ReplayFileError
 from hetero_replay._native import compress_rows
+from hetero_replay.pipeline import RelaxedReplay
 from hetero_replay.storage import checkpoint
 from hetero_replay.storage.codec import ByteBudgetError
 from hetero_replay.storage.disk import CONTROL_FILE, LOG_FILE, ROW_FILE, STATE_FILE
@@ -150,6 +151,26 @@ def test_writer_processes_interleave_their_records(transitions, tmp_path):
     assert sorted(every["action"].tolist()) == list(range(190))
     assert_rows_are_the_written_ones(transitions, every)
     buf.close()
+
+
+def test_relaxed_pipeline_serves_whole_rows_while_a_writer_wraps_the_log(transitions, tmp_path):
+    """RelaxedReplay (thread worker) over a compressed disk buffer whose log a writer process laps: every row
+    served is the row written, evicted rows never are."""
+    budget = int(40 * mean_row_bytes(transitions, "lz4"))
+    buf = disk(tmp_path / "buf", 64, byte_budget=budget)
+    add_all(buf, transitions, np.arange(8))
+    relaxed = RelaxedReplay(buf, staleness=2, prefetch=2, worker="thread")
+    actor = mp.get_context("fork").Process(target=actor_adds, args=(buf.writer(), np.arange(400), transitions, 1))
+    actor.start()
+    rng, steps = np.random.default_rng(3), 0
+    while actor.is_alive() or steps < 20:
+        batch = relaxed.sample(16)
+        assert_rows_are_the_written_ones(transitions, batch.data)
+        relaxed.update_priorities(batch.indices, rng.random(16) + 0.01)
+        steps += 1
+    actor.join(JOIN_S)
+    assert actor.exitcode == 0 and buf.storage.evicted_rows > 0
+    relaxed.close()  # closes the buffer too
 
 
 def learner_until_killed(path: str) -> None:
