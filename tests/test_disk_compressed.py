@@ -122,6 +122,24 @@ def test_the_log_wraps_and_evicted_rows_are_never_served(transitions, tmp_path):
     buf.close()
 
 
+def test_a_read_finds_rows_the_poll_has_not_evicted_yet(transitions, tmp_path):
+    """Records overwritten by a writer since the learner's last poll: the read itself refuses those rows (a slot
+    drawn twice counted once), serves the others bit for bit."""
+    budget = int(40 * mean_row_bytes(transitions, "lz4"))
+    buf = disk(tmp_path / "buf", 128, byte_budget=budget)
+    add_all(buf, transitions, np.arange(30))
+    writer = buf.writer()
+    writer.add(pick(transitions, np.arange(30, 60)))  # the learner has not polled: rows 0.. still drawn
+    storage = buf.storage
+    slots = np.array([0, 0, 1, 29, 29])
+    rows, ok = storage.read_intact(slots)
+    np.testing.assert_array_equal(ok, [False, False, False, True, True])
+    assert storage.evicted_rows == 2
+    assert_rows_are_the_written_ones(transitions, {k: v[ok] for k, v in rows.items()})
+    writer.close()
+    buf.close()
+
+
 def actor_adds(writer, ids: np.ndarray, t: dict[str, np.ndarray], seed: int) -> None:
     rng, lo = np.random.default_rng(seed), 0
     while lo < len(ids):

@@ -795,7 +795,8 @@ class DiskStorage(RingOwner, RawRows):
             lost = ok & ~damaged & ~sound
             evicted = lost & self.records.evicted(refs)
             if evicted.any():
-                self.evictions.count(np.unique(slots[evicted]), seen[evicted])
+                dead = np.unique(slots[evicted])  # a slot drawn twice is counted once
+                self.evictions.count(dead, self.reader.seen[dead])
             damaged |= lost & ~evicted
             ok &= ~evicted
         if damaged.any():
