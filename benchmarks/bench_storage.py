@@ -4,6 +4,7 @@
     python benchmarks/bench_storage.py --quick                  # smoke run: tiny sizes, ~1 s phases
     python benchmarks/bench_storage.py --part actors            # ours vs cpprb MPPrioritizedReplayBuffer
     python benchmarks/bench_storage.py --part workloads --rows DQN/Atari-Qbert --duration 60
+    python benchmarks/bench_storage.py --part workloads --rows R2D2 IMPALA --codec lz4 --content atari
 
 **Actors** (``--part actors``): 1, 2 and 4 actor processes add chunks of 1 and
 of 64 transitions (obs float32 (4,), action int64, reward float32, next_obs
@@ -25,6 +26,12 @@ out the rest of each period as training would; then the same unpaced. Every
 sampled row is checked for tearing (its id is written at both ends and inside
 the payload). Reported: achieved vs required rates, ``sample()`` latency
 p50/p99, torn rows (must be 0), maximum sustained rates.
+
+``--content atari`` fills the items' payloads with real Atari frame stacks (consecutive 4x84x84
+stacks of the tests' Pong and Breakout sample, ``atari_frames.py``) instead of random bytes;
+``--codec lz4`` (or ``zstd``) keeps the payload compressed in the disk tier's record log
+(``storage_options={"codec": {"obs": ...}, "byte_budget": ...}``, the budget 1.5x the capacity
+times an item's compressed size measured on that content).
 
 Results go to ``<out>/storage-<name>.{json,md,png}``; the Markdown is printed.
 Buffer files live under ``--dir`` and are removed at the end, also on Ctrl-C.
@@ -101,6 +108,10 @@ QUICK_MAX_ITEM = 64 << 10
 PREFILL, PACED, UNPACED = 1, 2, 3
 #: Seconds the learner waits for an actor process to start and report ready.
 START_TIMEOUT = 120.0
+#: What the workloads' payloads hold (``--content``).
+CONTENTS = ("random", "atari")
+#: The compressed workloads' byte budget over the capacity times an item's measured compressed size.
+BUDGET_MARGIN = 1.5
 
 FULL = {"actors": [1, 2, 4], "chunks": [1, 64], "capacity": 1_000_000, "repeats": 3, "seconds": 3.0,
         "duration": 30.0, "unpaced_duration": 15.0, "ram_bytes": 2 << 30, "settle": 60.0}  # fmt: skip
@@ -161,6 +172,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="workloads: idle seconds after the prefill before the timed phases (60 / quick 0)")  # fmt: skip
     add("--staleness", type=int, default=STALENESS,
         help=f"workloads: RelaxedReplay staleness = prefetch depth, batches read ahead ({STALENESS})")  # fmt: skip
+    add("--codec", choices=("lz4", "zstd"), default=None,
+        help="workloads: keep the payload compressed in the disk tier's record log (default: raw rows)")  # fmt: skip
+    add("--content", choices=CONTENTS, default="random",
+        help="workloads: payload bytes, random or real Atari frame stacks (random)")  # fmt: skip
     add("--out", default=str(Path(__file__).parent / "results"))
     add("--name", help="output <out>/storage-<name>.* (full / quick)")
     args = parser.parse_args(argv)
@@ -460,11 +475,43 @@ def _stamp_offsets(payload: int) -> tuple[int, int, int]:
     return 0, (payload // 2) & ~7, payload - 8
 
 
-def rows_of(item_bytes: int, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """A chunk of ``rows`` workload rows with random payloads; :func:`stamp` gives them ids."""
+def rows_of(item_bytes: int, rows: int, rng: np.random.Generator, content: str = "random") -> dict[str, np.ndarray]:
+    """A chunk of ``rows`` workload rows with random payloads, or Atari frame stacks (``content="atari"``:
+    each payload consecutive stacks from a random one on, :func:`atari_tape`); :func:`stamp` gives them ids."""
     payload = item_bytes - ROW_OVERHEAD
-    return {"head": np.zeros(rows, np.int64), "obs": rng.integers(0, 256, (rows, payload), dtype=np.uint8),
-            "tail": np.zeros(rows, np.int64)}  # fmt: skip
+    if content == "atari":
+        tape = atari_tape()
+        stack = 4 * 84 * 84
+        obs = np.empty((rows, payload), np.uint8)
+        for row, start in enumerate(rng.integers(0, len(tape) // stack, rows) * stack):
+            done, at = 0, int(start)
+            while done < payload:  # round the tape as often as the payload needs
+                n = min(payload - done, len(tape) - at)
+                obs[row, done : done + n] = tape[at : at + n]
+                done, at = done + n, 0
+    else:
+        obs = rng.integers(0, 256, (rows, payload), dtype=np.uint8)
+    return {"head": np.zeros(rows, np.int64), "obs": obs, "tail": np.zeros(rows, np.int64)}
+
+
+_TAPE: list[np.ndarray] = []
+
+
+def atari_tape() -> np.ndarray:
+    """The tests' Pong and Breakout 4x84x84 frame stacks, consecutive, as one uint8 array (5.4 MB; cached)."""
+    if not _TAPE:
+        from atari_frames import sample_transitions
+
+        _TAPE.append(np.ascontiguousarray(sample_transitions()["obs"]).reshape(-1))
+    return _TAPE[0]
+
+
+def compressed_item_bytes(item_bytes: int, codec: str, content: str) -> int:
+    """Log bytes of one item's payload compressed with ``codec`` (the mean of 8 items, its 16-byte header included)."""
+    from hetero_replay._native import compress_rows
+
+    obs = rows_of(item_bytes, 8, np.random.default_rng(0), content)["obs"]
+    return int(np.mean([len(r) + 16 for r in compress_rows(obs, codec, 1)]))
 
 
 def stamp(chunk: dict[str, np.ndarray], ids: np.ndarray) -> None:
@@ -486,7 +533,15 @@ def torn_rows(data: dict[str, Any]) -> tuple[int, int]:
 
 
 def _workload_actor(
-    writer: Any, item_bytes: int, slot: int, board: Board, rows: int, chunk: int, rate: float, phase: int
+    writer: Any,
+    item_bytes: int,
+    slot: int,
+    board: Board,
+    rows: int,
+    chunk: int,
+    rate: float,
+    phase: int,
+    content: str = "random",
 ) -> None:
     """Add rows of ``item_bytes``: ``rows`` of them (prefill) or until STOP, ``rate`` items/s (0: unpaced).
 
@@ -494,7 +549,7 @@ def _workload_actor(
     ``phase << 48 | (slot + 1) << 40 | row``: unique within a run, never 0.
     """
     with suppress(KeyboardInterrupt):
-        pool = [rows_of(item_bytes, chunk, np.random.default_rng([slot, i])) for i in range(2)]
+        pool = [rows_of(item_bytes, chunk, np.random.default_rng([slot, i]), content) for i in range(2)]
         flags, done, seq = board.flags, 0, 0
         base = phase << 48 | (slot + 1) << 40
         board.ready[slot] = 1
@@ -565,7 +620,7 @@ def run_workloads(ctx: Any, workloads: list[Workload], work: Path, args: argpars
             "duration_s": args.duration, "unpaced_duration_s": args.unpaced_duration, "max_bytes": args.max_bytes,
             "settle_s": args.settle,
             "ram_bytes": args.ram_bytes, "read_threads": args.read_threads, "met_share": MET_SHARE,
-            "rows": rows}  # fmt: skip
+            "codec": args.codec, "content": args.content, "rows": rows}  # fmt: skip
 
 
 def run_workload(ctx: Any, w: Workload, path: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -573,26 +628,34 @@ def run_workload(ctx: Any, w: Workload, path: Path, args: argparse.Namespace) ->
     capacity, scale = plan(w, args.max_bytes)
     batch = max(1, min(WORKLOAD_BATCH, int(w.sample_items_per_s)))
     n = args.workload_actors
-    options = {"path": str(path), "ram_bytes": args.ram_bytes, "read_threads": args.read_threads}
+    options: dict[str, Any] = {"path": str(path), "ram_bytes": args.ram_bytes, "read_threads": args.read_threads}
+    packed = None
+    if args.codec is not None:
+        packed = compressed_item_bytes(w.item_bytes, args.codec, args.content)
+        options.update(codec={"obs": args.codec}, byte_budget=int(BUDGET_MARGIN * capacity * packed))
     buf = PrioritizedReplay(capacity, workload_schema(w.item_bytes), alpha=ALPHA, beta=BETA, eps=EPS, seed=0,
                             storage="disk", storage_options=options)  # fmt: skip
     rr: RelaxedReplay | None = None
     try:
-        prefill = _prefill(ctx, buf, w, capacity, n)
+        prefill = _prefill(ctx, buf, w, capacity, n, args.content)
         evicted = _evict(buf, path)
         # A prefill writes at disk speed, which a run filling its buffer over hours never does; on this
         # VM the host then flushes its own cache for a while, stalling reads for 100-600 ms (measured
         # with bare pread, docs/storage.md). Let that pass: the phases measure the steady state.
         time.sleep(args.settle)
         rr = RelaxedReplay(buf, staleness=args.staleness, prefetch=args.staleness, worker="thread")
-        paced = attempt(_phase, ctx, buf, rr, w, batch, n, args.duration, True)
+        paced = attempt(_phase, ctx, buf, rr, w, batch, n, args.duration, True, args.content)
         _evict(buf, path)
-        unpaced = attempt(_phase, ctx, buf, rr, w, batch, n, args.unpaced_duration, False)
+        unpaced = attempt(_phase, ctx, buf, rr, w, batch, n, args.unpaced_duration, False, args.content)
         disk = _disk_bytes(path)
         storage = buf.storage
         # The disk tier keeps the newest cache_rows records in the page cache (``ram_bytes`` // record size).
         record = getattr(getattr(storage, "format", None), "bytes", w.item_bytes)
         cache = getattr(storage, "cache_rows", 0) * record
+        compressed = {}
+        if packed is not None:
+            compressed = {"item_log_bytes": packed, "log_bytes_per_row": storage.bytes_per_row,
+                          "byte_budget": options["byte_budget"], "evicted_rows": storage.evicted_rows}  # fmt: skip
     finally:
         (rr or buf).close()
     data_bytes = capacity * w.item_bytes
@@ -600,15 +663,17 @@ def run_workload(ctx: Any, w: Workload, path: Path, args: argparse.Namespace) ->
             "disk_bytes": disk, "evicted_bytes": evicted, "ram_bytes": args.ram_bytes, "ram_cache_bytes": cache,
             "ram_cache_share": cache / (capacity * record), "batch": batch,
             "learner_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "prefill": prefill, "paced": paced, "unpaced": unpaced}  # fmt: skip
+            "prefill": prefill, "paced": paced, "unpaced": unpaced, **compressed}  # fmt: skip
 
 
-def _prefill(ctx: Any, buf: PrioritizedReplay, w: Workload, capacity: int, n: int) -> dict[str, Any]:
+def _prefill(
+    ctx: Any, buf: PrioritizedReplay, w: Workload, capacity: int, n: int, content: str = "random"
+) -> dict[str, Any]:
     """Fill the buffer to capacity from ``n`` writer handles in chunks of ~64 MiB."""
     chunk = max(1, min(capacity, PREFILL_CHUNK_BYTES // w.item_bytes))
     shares = [capacity // n + (i < capacity % n) for i in range(n)]
     board = Board.make(ctx, n)
-    arg_lists = [(buf.writer(), w.item_bytes, i, board, shares[i], chunk, 0.0, PREFILL) for i in range(n)]
+    arg_lists = [(buf.writer(), w.item_bytes, i, board, shares[i], chunk, 0.0, PREFILL, content) for i in range(n)]
     with tqdm(total=capacity * w.item_bytes, desc=f"{w.label} prefill", unit="B", unit_scale=True, leave=False,
               disable=None) as bar, _actors(ctx, _workload_actor, arg_lists, board) as procs:  # fmt: skip
         _wait_ready(procs, board)
@@ -629,13 +694,21 @@ def _prefill(ctx: Any, buf: PrioritizedReplay, w: Workload, capacity: int, n: in
 
 
 def _phase(
-    ctx: Any, buf: PrioritizedReplay, rr: RelaxedReplay, w: Workload, batch: int, n: int, duration: float, paced: bool
+    ctx: Any,
+    buf: PrioritizedReplay,
+    rr: RelaxedReplay,
+    w: Workload,
+    batch: int,
+    n: int,
+    duration: float,
+    paced: bool,
+    content: str = "random",
 ) -> dict[str, Any]:
     """Actors insert (at the row's rate if ``paced``) while the learner samples through ``rr`` for ``duration`` s."""
     board = Board.make(ctx, n)
     insert_rate = w.insert_items_per_s / n if paced else 0.0
     phase = PACED if paced else UNPACED
-    arg_lists = [(buf.writer(), w.item_bytes, i, board, 0, 1, insert_rate, phase) for i in range(n)]
+    arg_lists = [(buf.writer(), w.item_bytes, i, board, 0, 1, insert_rate, phase, content) for i in range(n)]
     period = batch / w.sample_items_per_s if paced else 0.0
     td = [np.abs(np.random.default_rng(i).standard_normal(batch)).astype(np.float32) for i in range(POOL)]
     latencies: list[float] = []
@@ -845,6 +918,7 @@ def _workloads_markdown(wl: dict[str, Any]) -> list[str]:
         "*torn*: sampled rows whose five id copies disagree (must be 0). "
         f"Disk budget {_bytes(wl['max_bytes'])}; `ram_bytes` {_bytes(wl['ram_bytes'])} (*RAM cache*: what the "
         f"tier keeps of it, in whole records, and the share of the buffer); {wl['read_threads']} read threads.",
+        *_compressed_markdown(wl),
         "",
         "| workload | items × bytes | scale | RAM cache | B | insert/s req → paced | sample/s req → paced | "
         "p50 / p99 ms | torn | max insert/s | max sample/s (MB/s) | max p50 / p99 ms | prefill |",
@@ -885,6 +959,25 @@ def _workloads_markdown(wl: dict[str, Any]) -> list[str]:
                   f"{torn} torn and {unwritten} never-written rows sampled (both must be 0)."]  # fmt: skip
     if errors:
         lines += ["", "**Failed:**", ""] + [f"- {label} ({what}): {e}" for label, what, e in errors]
+    return lines
+
+
+def _compressed_markdown(wl: dict[str, Any]) -> list[str]:
+    """The payload and codec of the workloads, if not the default random raw bytes (one line per row)."""
+    content, codec = wl.get("content", "random"), wl.get("codec")
+    if content == "random" and codec is None:
+        return []
+    what = "real Atari frame stacks (Pong, Breakout; `--content atari`)" if content == "atari" else "random bytes"
+    lines = ["", f"Payloads: {what}; " + (f"kept compressed with {codec} in the record log "
+             f"(`--codec {codec}`, byte budget {BUDGET_MARGIN}x capacity x an item's measured size):" if codec
+             else "raw rows.")]  # fmt: skip
+    for r in wl["rows"]:
+        if "item_log_bytes" in r:
+            lines.append(
+                f"- {r['label']}: an item {_bytes(r['item_bytes'])} -> {_bytes(r['item_log_bytes'])} of records "
+                f"({r['item_bytes'] / r['item_log_bytes']:.0f}x); files {_bytes(r['disk_bytes'])} on disk; "
+                f"{r['evicted_rows']} rows evicted"
+            )
     return lines
 
 
