@@ -297,6 +297,29 @@ def test_reopen_refuses_a_truncated_log_or_a_head_behind_the_durable_point(trans
     again.close()
 
 
+def test_reopen_drops_a_row_whose_references_are_damaged(transitions, tmp_path):
+    """A byte of slot 3's row record (its record references) flipped while the buffer was closed: reopen drops
+    that row as damaged (priority 0, counted), the others are served bit for bit."""
+    path = tmp_path / "buf"
+    buf = disk(path, 64, byte_budget=1 << 20)
+    add_all(buf, transitions, np.arange(40))
+    row_bytes = buf.storage.format.bytes
+    buf.close()
+    fd = os.open(path / ROW_FILE, os.O_RDWR)
+    at = 3 * row_bytes + row_bytes - 24 - 8  # inside the references, the field before the checksum
+    os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0x01]), at)
+    os.close(fd)
+    again = PrioritizedReplay.reopen(path)
+    assert again.storage.damaged_rows == 1 and again.leaves()[3] == 0
+    held = np.flatnonzero(again.leaves() > 0)
+    assert len(held) == 39 and 3 not in held.tolist()
+    for _ in range(5):
+        batch = again.sample(32)
+        assert 3 not in batch.indices.tolist()
+        assert_rows_are_the_written_ones(transitions, batch.data)
+    again.close()
+
+
 def test_bad_options_are_refused_before_any_file(transitions, tmp_path):
     path = tmp_path / "buf"
     cases = [
