@@ -16,6 +16,12 @@ and its median ratio (of paired runs) to the stock algorithm. Cases:
     python benchmarks/bench_sb3_throughput.py --case cartpole --steps 10000 --repeats 5 --staleness 0 1
     python benchmarks/bench_sb3_throughput.py --case pendulum --steps 3000 --repeats 5 --staleness 1
     python benchmarks/bench_sb3_throughput.py --case atari --steps 4000 --repeats 5 --staleness 1
+    python benchmarks/bench_sb3_throughput.py --case cartpole --steps 10000 --repeats 6 --phases
+
+``--phases`` also splits each run's CPU time (of the learning thread) by phase: ``train()`` and
+``collect_rollouts()``, and inside them the buffer's ``add``, ``sample`` and ``update_priorities`` and the
+policy's ``predict``; it prints each phase's median seconds per variant and its difference to the stock
+algorithm's, so that a gap in env-steps/s can be put where it is spent.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -75,20 +82,44 @@ CASES: dict[str, tuple[Callable[[], Any], type, type, str, dict[str, Any]]] = {
 }
 
 
-def run(case: str, variant: str, steps: int, seed: int) -> float:
-    """One ``learn`` of ``steps`` env steps of ``variant`` ("stock" or "per-k<staleness>"); its env-steps/s."""
+def run(case: str, variant: str, steps: int, seed: int, phases: Counter[str] | None = None) -> float:
+    """One ``learn`` of ``steps`` env steps of ``variant`` ("stock" or "per-k<staleness>"); its env-steps/s.
+
+    With ``phases``, adds each phase's CPU seconds (of this thread) to it (see the module docstring).
+    """
     make_env, stock, per, policy, kwargs = CASES[case]
     env = make_env()
     if variant == "stock":
         model = stock(policy, env, seed=seed, **kwargs)
     else:
         model = per(policy, env, seed=seed, staleness=int(variant.split("k")[1]), **kwargs)
-    start = time.perf_counter()
+    if phases is not None:
+        for owner, name in ((model, "train"), (model, "collect_rollouts"), (model.replay_buffer, "add"),
+                            (model.replay_buffer, "sample"), (model.replay_buffer, "update_priorities"),
+                            (model.policy, "predict")):  # fmt: skip
+            if hasattr(owner, name):
+                setattr(owner, name, _timed(getattr(owner, name), name, phases))
+    start, cpu = time.perf_counter(), time.thread_time()
     model.learn(total_timesteps=steps)
     elapsed = time.perf_counter() - start
+    if phases is not None:
+        phases["total"] += time.thread_time() - cpu
     getattr(model.replay_buffer, "close", lambda: None)()  # ours: its worker stops before the next run
     env.close()
     return steps / elapsed
+
+
+def _timed(method: Callable[..., Any], name: str, phases: Counter[str]) -> Callable[..., Any]:
+    """``method``, adding the CPU time of this thread it takes to ``phases[name]``."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.thread_time()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            phases[name] += time.thread_time() - start
+
+    return timed
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -97,21 +128,39 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=15_000, help="env steps per run (default 15000)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default 3)")
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1], help="PER staleness values (default 0 1)")
+    p.add_argument("--phases", action="store_true", help="also split each run's CPU time by phase")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     _, stock, per, _, _ = CASES[args.case]
     variants = ["stock", *(f"per-k{k}" for k in args.staleness)]
     names = {"stock": stock.__name__, **{f"per-k{k}": f"{per.__name__}(staleness={k})" for k in args.staleness}}
     rates: dict[str, list[float]] = {v: [] for v in variants}
+    phases: dict[str, list[Counter[str]]] = {v: [] for v in variants}
     for r in range(args.repeats):
         for v in variants:
-            rates[v].append(run(args.case, v, args.steps, seed=r))
+            phases[v].append(Counter())
+            rates[v].append(run(args.case, v, args.steps, seed=r, phases=phases[v][-1] if args.phases else None))
             print(f"repeat {r + 1}/{args.repeats} {names[v]:22s} {rates[v][-1]:8.0f} env-steps/s", flush=True)
     print(f"\n| {args.case} | env-steps/s (median of {args.repeats}) | ratio to {stock.__name__} (median of paired) |")
     print("|---|---|---|")
     for v in variants:
         ratio = statistics.median(a / b for a, b in zip(rates[v], rates["stock"]))
         print(f"| {names[v]} | {statistics.median(rates[v]):.0f} | {ratio:.2f} |")
+    if args.phases:
+        _print_phases(variants, names, phases)
+
+
+def _print_phases(variants: list[str], names: dict[str, str], phases: dict[str, list[Counter[str]]]) -> None:
+    """Each phase's median CPU seconds per variant, and its difference to the stock variant's."""
+    keys = ["total", "collect_rollouts", "predict", "add", "train", "sample", "update_priorities"]
+    median = {v: {k: statistics.median(c[k] for c in phases[v]) for k in keys} for v in variants}
+    print("\nCPU seconds of the learning thread per run (median; in brackets: minus the stock algorithm's)\n")
+    print("| variant | " + " | ".join(keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for v in variants:
+        cells = [f"{median[v][k]:.3f}" + ("" if v == "stock" else f" ({median[v][k] - median['stock'][k]:+.3f})")
+                 for k in keys]  # fmt: skip
+        print(f"| {names[v]} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

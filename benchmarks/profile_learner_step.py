@@ -1,8 +1,8 @@
 """Where one learner step's time goes, per call: SB3 ``PERDQN`` vs ``DQN``, Tianshou's wrapper on our buffer vs
 on Tianshou's own PER buffer.
 
-Each setup trains a real model (CartPole-v1, batch 64, buffer 50k, 2 000 steps of
-warm-up through the library's own loop), then runs ``--steps`` learner steps of the
+Each setup trains a real model (CartPole-v1, batch 64, buffer 50k, ``--warmup`` env steps
+(2 000 by default) through the library's own loop), then runs ``--steps`` learner steps of the
 library's own ``train()`` / ``update()`` with the buffer's calls timed in place: the
 buffer's and the engine's classes are swapped for subclasses whose methods time
 themselves, so the step itself is untouched. All setups live in one process and
@@ -29,6 +29,12 @@ into its ``hetero_replay/`` and links ``hetero_replay/adapters -> ../adapters``,
 finder from ``sys.meta_path`` and puts the worktree first on ``sys.path``).
 
     python benchmarks/profile_learner_step.py                       # after only, 5 repeats
+    python benchmarks/profile_learner_step.py --setups sb3-dqn sb3-perdqn-k0 --warmup 10000 [--flush-denormal]
+
+``--warmup 10000`` times the step of a model that has learned for a while, as in the last part of an
+end-to-end run; ``--flush-denormal`` runs torch with denormal floats flushed to zero
+(``torch.set_flush_denormal``), which shows what subnormal values in the trained weights and the
+optimizer's state cost each setup.
     python benchmarks/profile_learner_step.py --compare /tmp/before-site --repeats 5 \\
         --out benchmarks/results/profile-learner-step.md
 """
@@ -50,7 +56,7 @@ from typing import Any
 #: The setups, in the order each repeat runs them.
 SETUPS = ("sb3-dqn", "sb3-perdqn-k0", "sb3-perdqn-k1", "tianshou-per", "tianshou-ours-k0", "tianshou-ours-k1")
 PHASES = ("step", "sample", "engine", "tensors", "index", "update", "logging")
-BATCH, BUFFER, WARMUP = 64, 50_000, 2_000
+BATCH, BUFFER = 64, 50_000
 
 #: SB3 DQN on CartPole as the rl-zoo tunes it (as in bench_sb3_throughput.py).
 DQN_ARGS = dict(
@@ -97,7 +103,7 @@ def timed(obj: Any, clock: Clock, phases: dict[str, str]) -> None:
     obj.__class__ = type(cls.__name__, (cls,), {m: wrap(m, p) for m, p in phases.items()})
 
 
-def sb3_setup(name: str, clock: Clock) -> Callable[[], None]:
+def sb3_setup(name: str, clock: Clock, warmup: int) -> Callable[[], None]:
     """An SB3 model after its warm-up; returns one learner step (``train(1, 64)``) with its calls timed."""
     import gymnasium as gym
     from stable_baselines3 import DQN
@@ -109,7 +115,7 @@ def sb3_setup(name: str, clock: Clock) -> Callable[[], None]:
         model = DQN("MlpPolicy", env, seed=0, **DQN_ARGS)
     else:
         model = PERDQN("MlpPolicy", env, seed=0, staleness=int(name[-1]), **DQN_ARGS)
-    model.learn(WARMUP)
+    model.learn(warmup)
     buffer = model.replay_buffer
     timed(model.logger, clock, {"record": "logging"})
     if name == "sb3-dqn":
@@ -126,7 +132,7 @@ def sb3_setup(name: str, clock: Clock) -> Callable[[], None]:
     return step
 
 
-def tianshou_setup(name: str, clock: Clock) -> Callable[[], None]:
+def tianshou_setup(name: str, clock: Clock, warmup: int) -> Callable[[], None]:
     """Tianshou DQN on CartPole (4 envs) in ``PEROffPolicyWrapper`` after its warm-up; returns one ``update``."""
     import gymnasium as gym
     import numpy as np
@@ -156,7 +162,7 @@ def tianshou_setup(name: str, clock: Clock) -> Callable[[], None]:
     np.random.seed(0)
     collector = Collector[CollectStats](algorithm, envs, buffer, exploration_noise=True)
     collector.reset()
-    collector.collect(n_step=WARMUP, random=True)
+    collector.collect(n_step=warmup, random=True)
     timed(buffer, clock, {"sample": "sample", "__getitem__": "index", "update_weight": "update"})
     if name == "tianshou-per":
         timed(buffer, clock, {"sample_indices": "engine"})
@@ -170,7 +176,9 @@ def tianshou_setup(name: str, clock: Clock) -> Callable[[], None]:
     return step
 
 
-def measure(names: Sequence[str], steps: int, chunk: int = 50) -> dict[str, dict[str, float]]:
+def measure(
+    names: Sequence[str], steps: int, warmup: int, flush_denormal: bool, chunk: int = 50
+) -> dict[str, dict[str, float]]:
     """µs per learner step of every phase, for each setup: the median over chunks of ``chunk`` steps, the
     setups taking turns chunk by chunk (so a burst of load on a shared machine hits them alike)."""
     import torch
@@ -179,8 +187,12 @@ def measure(names: Sequence[str], steps: int, chunk: int = 50) -> dict[str, dict
 
     torch.set_num_threads(1)
     hetero_replay.set_num_threads(1)
+    if flush_denormal and not torch.set_flush_denormal(True):
+        raise RuntimeError("--flush-denormal: this CPU cannot flush denormals (torch.set_flush_denormal)")
     clocks = {name: Clock() for name in names}
-    steps_of = {name: (sb3_setup if name.startswith("sb3") else tianshou_setup)(name, clocks[name]) for name in names}
+    steps_of = {
+        name: (sb3_setup if name.startswith("sb3") else tianshou_setup)(name, clocks[name], warmup) for name in names
+    }
     for step in steps_of.values():
         for _ in range(50):  # settle: caches, the pipeline's worker mode
             step()
@@ -200,7 +212,7 @@ def child(args: argparse.Namespace) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
-    print(json.dumps(measure(args.setups, args.steps)))
+    print(json.dumps(measure(args.setups, args.steps, args.warmup, args.flush_denormal)))
 
 
 def run_pass(code: str, site: str | None, args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -208,7 +220,8 @@ def run_pass(code: str, site: str | None, args: argparse.Namespace) -> dict[str,
     env = dict(os.environ)
     if site is not None:
         env["PYTHONPATH"] = site + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--setups", *args.setups]
+    cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--warmup", str(args.warmup),
+           *(["--flush-denormal"] if args.flush_denormal else []), "--setups", *args.setups]  # fmt: skip
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd="/", check=False)
     if result.returncode != 0:
         raise RuntimeError(f"{code} pass failed:\n{result.stderr[-3000:]}")
@@ -224,7 +237,8 @@ def markdown(runs: dict[str, list[dict[str, dict[str, float]]]], args: argparse.
         "",
         f"- **Run:** {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.processor() or 'cpu'}, "
         f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f} at the end; torch and our tree on 1 thread",
-        f"- **Workload:** CartPole-v1, batch {BATCH}, buffer {BUFFER:,}; {args.steps} learner steps per setup and "
+        f"- **Workload:** CartPole-v1, batch {BATCH}, buffer {BUFFER:,}, {args.warmup:,} env steps of warm-up"
+        f"{', denormals flushed to zero' if args.flush_denormal else ''}; {args.steps} learner steps per setup and "
         f"repeat, the setups taking turns every 50 steps; median over those chunks, then over {args.repeats} "
         "repeats (a fresh process per repeat and code, codes alternating)",
         "- **Command:** `python benchmarks/profile_learner_step.py "
@@ -254,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=2000, help="learner steps per setup and repeat (default 2000)")
     p.add_argument("--repeats", type=int, default=5, help="repeats, each in fresh processes (default 5)")
     p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
+    p.add_argument("--warmup", type=int, default=2000, help="env steps each model learns before timing (2000)")
+    p.add_argument("--flush-denormal", action="store_true", help="torch flushes denormals to zero")
     p.add_argument("--compare", metavar="SITE", help="also run the code SITE's sitecustomize puts first ('before')")
     p.add_argument("--out", help="write the Markdown there too")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
