@@ -97,7 +97,7 @@ from hetero_replay.checks import check_bool, check_int
 from hetero_replay.storage import checkpoint
 from hetero_replay.storage import records as record_arrays
 from hetero_replay.storage.base import check_host_batch
-from hetero_replay.storage.codec import Codec, CompressedFields, parse_settings, settings_json
+from hetero_replay.storage.codec import Codec, settings_json
 from hetero_replay.storage.disk_records import (
     LOG_FILE,
     REFS,
@@ -144,6 +144,7 @@ from hetero_replay.storage.shared_compressed import (
     check_frames,
     log_options,
     oldest_first,
+    records_to_adopt,
 )
 
 CONTROL_FILE, ROW_FILE, STATE_FILE = "ring.ctl", "rows.dat", "state.hrp"
@@ -870,16 +871,10 @@ class DiskStorage(RingOwner, RawRows):
         Raises:
             ValueError: the records are wrong (see :meth:`~hetero_replay.storage.codec.CompressedFields.adopt`).
         """
-        codecs, pooled, _ = parse_settings(self.schema, packed.get("settings"))
-        source = CompressedFields.restored(self.schema, packed, size)  # checks every record
-        if codecs != self.codecs or pooled:
-            arrays = dict(rows)
-            arrays.update(source.gather(np.arange(size, dtype=np.int64), list(codecs)))
-            self.adopt(position, size, arrays)
+        held = records_to_adopt(self, position, size, rows, packed)
+        if held is None:
             return
-        self.reader.adopt(position, size)
         names = list(self.codecs)
-        held = [source.records(name) for name in names]
         for slots in oldest_first(position, size, self.capacity, self._adopt_rows):
             picked = np.asarray(
                 [k for k, slot in enumerate(slots.tolist()) if all(h[slot] is not None for h in held)], np.int64

@@ -150,6 +150,29 @@ def oldest_first(position: int, size: int, capacity: int, chunk: int) -> Iterato
         yield (oldest + np.arange(lo, min(lo + chunk, size))) % capacity
 
 
+def records_to_adopt(
+    storage: Any, position: int, size: int, rows: Mapping[str, np.ndarray], packed: Mapping[str, Any]
+) -> list[list[bytes | None]] | None:
+    """The records ``storage`` (a compressed shared or disk storage) appends as they are in ``adopt_state``.
+
+    Records compressed alike (codec and level, no ``frames``) are returned per field of ``storage.codecs``, each
+    row's record or ``None``, after each was decompressed once to check it, and the storage's reader adopts
+    ``position`` and ``size``; otherwise the rows are decompressed and adopted here, and ``None`` is returned.
+
+    Raises:
+        ValueError: the records are wrong (see :meth:`~hetero_replay.storage.codec.CompressedFields.adopt`).
+    """
+    codecs, pooled, _ = parse_settings(storage.schema, packed.get("settings"))
+    source = CompressedFields.restored(storage.schema, packed, size)  # checks every record
+    if codecs != storage.codecs or pooled:
+        arrays = dict(rows)
+        arrays.update(source.gather(np.arange(size, dtype=np.int64), list(codecs)))
+        storage.adopt(position, size, arrays)
+        return None
+    storage.reader.adopt(position, size)
+    return [source.records(name) for name in storage.codecs]
+
+
 def encode_rows(codecs: Mapping[str, Codec], arrays: Mapping[str, np.ndarray], log_bytes: int) -> EncodedRows:
     """Compress the fields ``codecs`` names among ``arrays`` (validated rows) for a log of ``log_bytes``; changes nothing.
 
@@ -492,16 +515,10 @@ class CompressedSharedStorage(RingOwner):
         Raises:
             ValueError: the records are wrong (see :meth:`~hetero_replay.storage.codec.CompressedFields.adopt`).
         """
-        codecs, pooled, _ = parse_settings(self.schema, packed.get("settings"))
-        source = CompressedFields.restored(self.schema, packed, size)  # checks every record
-        if codecs != self.codecs or pooled:
-            arrays = dict(rows)
-            arrays.update(source.gather(np.arange(size, dtype=np.int64), list(codecs)))
-            self.adopt(position, size, arrays)
+        held = records_to_adopt(self, position, size, rows, packed)
+        if held is None:
             return
-        self.reader.adopt(position, size)
         names = list(self.codecs)
-        held = [source.records(name) for name in names]
         for slots in self._oldest_first(position, size):
             self.segment.rows.write(int(slots[0]), {name: a[slots] for name, a in rows.items()})
             there = [k for k, slot in enumerate(slots.tolist()) if all(h[slot] is not None for h in held)]
