@@ -863,14 +863,9 @@ class DiskStorage(RingOwner, RawRows):
         return rows, {"settings": settings, "arrays": arrays}
 
     def adopt_state(self, position: int, size: int, rows: Mapping[str, np.ndarray], packed: Mapping[str, Any]) -> None:
-        """:meth:`adopt` of rows in :meth:`export_state`'s form. Records compressed alike (codec and level,
-        no ``frames``) are appended as they are, after each was decompressed once to check it; others
-        (or all, without a codec here) are decompressed and written as rows. A row without records stays
-        unserved (as if evicted).
-
-        Raises:
-            ValueError: the records are wrong (see :meth:`~hetero_replay.storage.codec.CompressedFields.adopt`).
-        """
+        """:meth:`adopt` of rows in :meth:`export_state`'s form: records compressed alike are appended to the
+        log as they are, others decompressed (see :func:`~hetero_replay.storage.shared_compressed.records_to_adopt`,
+        whose ``ValueError`` it raises). A row without records stays unserved (as if evicted)."""
         held = records_to_adopt(self, position, size, rows, packed)
         if held is None:
             return
