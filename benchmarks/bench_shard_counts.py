@@ -13,7 +13,9 @@ itself. Only what the learner does differs, so this measures exactly that, on th
   the carried updates and the max priority). Learner CPU (``time.process_time``) per round;
 - *bytes sent*: the pickled size (protocol 5) of each call's arguments.
 
-Variants interleaved, repeated, medians; one local Ray instance.
+Variants interleaved, repeated, medians; one local Ray instance. The arguments are pickled Python objects, as
+the calls were before ``hetero_replay/distributed/wire.py``: the study compares the two ways of routing, not
+today's cost of a call (``profile_sharded_learner.py`` measures that).
 
     python benchmarks/bench_shard_counts.py
 """
