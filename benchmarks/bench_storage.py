@@ -5,6 +5,7 @@
     python benchmarks/bench_storage.py --part actors            # ours vs cpprb MPPrioritizedReplayBuffer
     python benchmarks/bench_storage.py --part workloads --rows DQN/Atari-Qbert --duration 60
     python benchmarks/bench_storage.py --part workloads --rows R2D2 IMPALA --codec lz4 --content atari
+    python benchmarks/bench_storage.py --part workloads --codec lz4 --content atari --shared-rows DQN/Atari-Qbert
 
 **Actors** (``--part actors``): 1, 2 and 4 actor processes add chunks of 1 and
 of 64 transitions (obs float32 (4,), action int64, reward float32, next_obs
@@ -18,20 +19,38 @@ ratio ours / cpprb.
 **Workloads** (``--part workloads``): for each row of
 ``benchmarks/workloads/replay-needs.csv``, a ``storage="disk"`` buffer of
 ``capacity_items`` items of ``item_bytes`` (scaled down only where
-``--max-bytes`` cannot hold it), prefilled by writer handles in
+``--max-bytes`` cannot hold the bytes it stores), prefilled by writer handles in
 big chunks and evicted from the page cache; then actors insert at the row's
 ``insert_items_per_s`` while the learner samples at ``sample_items_per_s``
-through ``RelaxedReplay(staleness=k, prefetch=k, worker="thread")`` (``--staleness``, 8), sleeping
+through ``RelaxedReplay(staleness=d, prefetch=d, worker="thread")``, sleeping
 out the rest of each period as training would; then the same unpaced. Every
 sampled row is checked for tearing (its id is written at both ends and inside
 the payload). Reported: achieved vs required rates, ``sample()`` latency
 p50/p99, torn rows (must be 0), maximum sustained rates.
 
-``--content atari`` fills the items' payloads with real Atari frame stacks (consecutive 4x84x84
-stacks of the tests' Pong and Breakout sample, ``atari_frames.py``) instead of random bytes;
-``--codec lz4`` (or ``zstd``) keeps the payload compressed in the disk tier's record log
-(``storage_options={"codec": {"obs": ...}, "byte_budget": ...}``, the budget 1.5x the capacity
-times an item's compressed size measured on that content).
+**Latency as a learner sees it.** The depth ``d`` follows one rule for every
+row (:func:`pipeline_depth`; ``--staleness`` fixes it instead): enough batches
+to cover one batch's read and decode, timed on a cold batch before the phases,
+plus the disk's read stalls (``STALL_S``), at the row's sample period; at least
+2, at most what ``PIPELINE_BYTES`` of batches hold. Each phase first primes the
+pipeline (one untimed ``sample``, then waits until ``d`` batches are drawn
+ahead) and reports that wait as *start-up*; the clock starts after it. The
+paced phase lasts ``--duration`` or ``--min-calls`` sample periods, whichever is
+longer, so its p99 is a percentile, not the slowest of a few calls.
+
+**Payloads per row.** ``--content atari`` fills the payloads of the rows whose
+environment is Atari (``Atari-*``) with real Atari frame stacks (consecutive 4x84x84
+stacks of the tests' Pong and Breakout sample, ``atari_frames.py``) and ``--codec lz4``
+(or ``zstd``) keeps those payloads compressed in the record log
+(``storage_options={"codec": {"obs": ...}, "byte_budget": ...}``, the budget 1.5x the
+capacity times an item's compressed size measured on that content); the other rows
+keep random raw payloads (they are not images, and random bytes do not compress).
+``--max-bytes`` caps what a buffer stores: the record log's budget for compressed rows.
+
+**In RAM** (``--shared-rows``): these rows run again on ``storage="shared"`` (a
+segment in ``--shm-dir``, /dev/shm by default; the actors write through writer
+handles as on disk), compressed as above; reported: the segment's resident bytes
+and the learner's RSS.
 
 Results go to ``<out>/storage-<name>.{json,md,png}``; the Markdown is printed.
 Buffer files live under ``--dir`` and are removed at the end, also on Ctrl-C.
@@ -49,6 +68,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse
 import csv
 import json
+import math
 import multiprocessing as mp
 import platform
 import resource
@@ -93,9 +113,17 @@ WORKLOADS_CSV = Path(__file__).parent / "workloads" / "replay-needs.csv"
 #: Workload rows are ``head`` int64, ``obs`` uint8 (item_bytes - 16,), ``tail`` int64.
 ROW_OVERHEAD = 16
 WORKLOAD_BATCH = 32
-# The pipeline's depth: batches read ahead = staleness. This VM's disk stalls for 100-300 ms at times
-# (seen with nothing but pread running); 8 steps of ~19 ms hide that, 2 do not (docs/storage.md).
-STALENESS = 8
+#: Read stalls of this VM's disk the pipeline must ride out: 100-300 ms at times, seen with nothing but
+#: pread running (docs/storage.md). Shared memory has none.
+STALL_S = 0.3
+#: The most the batches drawn ahead may take (a row of 10 MB items holds 320 MB a batch).
+PIPELINE_BYTES = 2 << 30
+#: The shallowest pipeline: one batch served while the next is drawn.
+MIN_DEPTH = 2
+#: The paced phase lasts at least this many sample periods (a p99 over fewer calls is their maximum).
+MIN_CALLS = 200
+#: Seconds the learner waits for the pipeline to draw its batches ahead before a phase (then starts anyway).
+PRIME_TIMEOUT = 120.0
 #: A paced rate counts as met at this share of the required rate (pacing jitter, start-up).
 MET_SHARE = 0.95
 #: Bytes of one prefill chunk (rows of the item size, at least one).
@@ -106,6 +134,8 @@ MIN_CAPACITY = 16
 QUICK_MAX_ITEM = 64 << 10
 #: Workload phases (part of every row id).
 PREFILL, PACED, UNPACED = 1, 2, 3
+#: The learner-visible p99 sample latency the issue asks of every paced workload.
+P99_TARGET_MS = 5.0
 #: Seconds the learner waits for an actor process to start and report ready.
 START_TIMEOUT = 120.0
 #: What the workloads' payloads hold (``--content``).
@@ -114,10 +144,11 @@ CONTENTS = ("random", "atari")
 BUDGET_MARGIN = 1.5
 
 FULL = {"actors": [1, 2, 4], "chunks": [1, 64], "capacity": 1_000_000, "repeats": 3, "seconds": 3.0,
-        "duration": 30.0, "unpaced_duration": 15.0, "ram_bytes": 2 << 30, "settle": 60.0}  # fmt: skip
+        "duration": 30.0, "unpaced_duration": 15.0, "ram_bytes": 2 << 30, "settle": 60.0,
+        "min_calls": MIN_CALLS}  # fmt: skip
 QUICK = {"actors": [1, 2, 4], "chunks": [1, 64], "capacity": 200_000, "repeats": 1, "seconds": 0.5,
          "duration": 1.0, "unpaced_duration": 1.0, "ram_bytes": 4 << 20, "max_bytes": 32 << 20,
-         "settle": 0.0}  # fmt: skip
+         "settle": 0.0, "min_calls": 0}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,10 +164,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["actors"] = run_actors(ctx, args.actors, args.chunks, args.capacity, args.repeats,
                                            args.seconds, args.shm_dir)  # fmt: skip
         if args.part in ("workloads", "all"):
-            workloads = select(read_workloads(args.workloads), args.rows)
+            table = read_workloads(args.workloads)
+            workloads = select(table, args.rows)
             if args.quick and not args.rows:
                 workloads = [w for w in workloads if w.item_bytes <= QUICK_MAX_ITEM]
-            results["workloads"] = run_workloads(ctx, workloads, work, args)
+            runs = [(w, "disk") for w in workloads]
+            runs += [(w, "shared") for w in select(table, args.shared_rows)] if args.shared_rows else []
+            results["workloads"] = run_workloads(ctx, runs, work, args)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["machine"]["loadavg_end"] = os.getloadavg()
@@ -163,19 +197,22 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--duration", type=float, help="seconds of the paced phase per workload (30 / quick 1)")
     add("--unpaced-duration", type=float, help="seconds of the unpaced phase per workload (15 / quick 1)")
     add("--dir", default=tempfile.gettempdir(), help="where the disk buffers live (a folder made inside, removed)")
-    add(
-        "--max-bytes", type=_size, help="largest buffer on disk (70%% of free space in --dir, or all but 8 GiB if more)"
-    )
+    add("--max-bytes", type=_size,
+        help="largest buffer stored, compressed or raw (70%% of free space in --dir, or all but 8 GiB if more)")  # fmt: skip
     add("--ram-bytes", type=_size, help="disk tier RAM cache of the newest rows (2 GiB / quick 4 MiB)")
     add("--read-threads", type=int, default=8, help="disk tier parallel readers (8)")
     add("--settle", type=float, default=None,
         help="workloads: idle seconds after the prefill before the timed phases (60 / quick 0)")  # fmt: skip
-    add("--staleness", type=int, default=STALENESS,
-        help=f"workloads: RelaxedReplay staleness = prefetch depth, batches read ahead ({STALENESS})")  # fmt: skip
+    add("--staleness", type=int, default=None,
+        help="workloads: RelaxedReplay staleness = prefetch depth for every row (default: per row, pipeline_depth)")  # fmt: skip
+    add("--min-calls", type=int,
+        help=f"workloads: the paced phase lasts at least this many sample periods ({MIN_CALLS} / quick 0)")  # fmt: skip
     add("--codec", choices=("lz4", "zstd"), default=None,
-        help="workloads: keep the payload compressed in the disk tier's record log (default: raw rows)")  # fmt: skip
+        help="workloads: keep the Atari rows' payload compressed in the record log (default: raw rows)")  # fmt: skip
     add("--content", choices=CONTENTS, default="random",
-        help="workloads: payload bytes, random or real Atari frame stacks (random)")  # fmt: skip
+        help="workloads: the Atari rows' payload bytes, random or real Atari frame stacks (random)")  # fmt: skip
+    add("--shared-rows", nargs="+", default=[],
+        help="workloads: also run these rows on storage='shared' (in RAM), after the disk rows")  # fmt: skip
     add("--out", default=str(Path(__file__).parent / "results"))
     add("--name", help="output <out>/storage-<name>.* (full / quick)")
     args = parser.parse_args(argv)
@@ -600,70 +637,144 @@ def _disk_bytes(path: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
 
 
-def plan(w: Workload, max_bytes: int) -> tuple[int, float]:
-    """(capacity, scale): the row's capacity, or the largest that fits ``max_bytes`` (item size kept)."""
-    if w.capacity_items * w.item_bytes <= max_bytes:
+def plan(w: Workload, max_bytes: int, stored_item_bytes: int | None = None) -> tuple[int, float]:
+    """(capacity, scale): the row's capacity, or the largest that fits ``max_bytes`` (item size kept).
+
+    ``stored_item_bytes``: what the storage takes per item (the record log's share of a compressed
+    item), ``item_bytes`` when not given (raw rows).
+    """
+    stored = stored_item_bytes or w.item_bytes
+    if w.capacity_items * stored <= max_bytes:
         return w.capacity_items, 1.0
-    capacity = max(MIN_CAPACITY, max_bytes // w.item_bytes)
+    capacity = max(MIN_CAPACITY, max_bytes // stored)
     return capacity, capacity / w.capacity_items
 
 
-def run_workloads(ctx: Any, workloads: list[Workload], work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def payload_of(w: Workload, args: argparse.Namespace) -> tuple[str, str | None]:
+    """(content, codec) of a row: ``--content`` and ``--codec`` for Atari rows, random raw bytes for the others."""
+    if w.environment.lower().startswith("atari"):
+        return args.content, args.codec
+    return "random", None
+
+
+def pipeline_depth(batch_seconds: float, period: float, batch_bytes: int, stall: float) -> int:
+    """Batches to draw ahead: one batch's read + decode (``batch_seconds``) and a ``stall`` covered at one
+    batch per ``period``; at least :data:`MIN_DEPTH`, at most what :data:`PIPELINE_BYTES` holds."""
+    want = math.ceil((batch_seconds + stall) / period)
+    return max(MIN_DEPTH, min(want, PIPELINE_BYTES // batch_bytes))
+
+
+def run_workloads(ctx: Any, runs: list[tuple[Workload, str]], work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Each (row, storage) of ``runs`` in turn (a failed one is reported, the rest go on)."""
     rows = []
-    for w in workloads:
-        path = work / w.label.replace("/", "-").replace("(", "").replace(")", "")
+    for w, storage in runs:
+        path = work / f"{w.label}-{storage}".replace("/", "-").replace("(", "").replace(")", "")
+        content, codec = payload_of(w, args)
         try:
-            rows.append({"label": w.label, **asdict(w), **attempt(run_workload, ctx, w, path, args)})
+            rows.append({"label": w.label, "storage": storage, "content": content, "codec": codec, **asdict(w),
+                         **attempt(run_workload, ctx, w, path, args, storage)})  # fmt: skip
         finally:
             shutil.rmtree(path, ignore_errors=True)
-    return {"actors": args.workload_actors, "staleness": args.staleness, "prefetch": args.staleness, "worker": "thread",
+    return {"actors": args.workload_actors, "staleness": args.staleness, "worker": "thread",
+            "stall_s": STALL_S, "pipeline_bytes": PIPELINE_BYTES, "min_calls": args.min_calls,
             "duration_s": args.duration, "unpaced_duration_s": args.unpaced_duration, "max_bytes": args.max_bytes,
             "settle_s": args.settle,
             "ram_bytes": args.ram_bytes, "read_threads": args.read_threads, "met_share": MET_SHARE,
             "codec": args.codec, "content": args.content, "rows": rows}  # fmt: skip
 
 
-def run_workload(ctx: Any, w: Workload, path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Prefill, evict, paced phase, evict, unpaced phase: one row's results."""
-    capacity, scale = plan(w, args.max_bytes)
-    batch = max(1, min(WORKLOAD_BATCH, int(w.sample_items_per_s)))
+def run_workload(ctx: Any, w: Workload, path: Path, args: argparse.Namespace, storage: str = "disk") -> dict[str, Any]:
+    """Prefill, evict, size the pipeline, paced phase, evict, unpaced phase: one row's results.
+
+    ``storage="shared"`` keeps the buffer in a shared-memory segment (nothing to evict or settle).
+    """
+    content, codec = payload_of(w, args)
+    on_disk = storage == "disk"
     n = args.workload_actors
-    options: dict[str, Any] = {"path": str(path), "ram_bytes": args.ram_bytes, "read_threads": args.read_threads}
+    batch = max(1, min(WORKLOAD_BATCH, int(w.sample_items_per_s)))
+    period = batch / w.sample_items_per_s
+    options: dict[str, Any] = (
+        {"path": str(path), "ram_bytes": args.ram_bytes, "read_threads": args.read_threads}
+        if on_disk
+        else {"dir": args.shm_dir}
+    )
     packed = None
-    if args.codec is not None:
-        packed = compressed_item_bytes(w.item_bytes, args.codec, args.content)
-        options.update(codec={"obs": args.codec}, byte_budget=int(BUDGET_MARGIN * capacity * packed))
+    if codec is not None:
+        packed = compressed_item_bytes(w.item_bytes, codec, content)
+    capacity, scale = plan(w, args.max_bytes, None if packed is None else int(BUDGET_MARGIN * packed))
+    if packed is not None:
+        options.update(codec={"obs": codec}, byte_budget=int(BUDGET_MARGIN * capacity * packed))
     buf = PrioritizedReplay(capacity, workload_schema(w.item_bytes), alpha=ALPHA, beta=BETA, eps=EPS, seed=0,
-                            storage="disk", storage_options=options)  # fmt: skip
+                            storage=storage, storage_options=options)  # fmt: skip
     rr: RelaxedReplay | None = None
     try:
-        prefill = _prefill(ctx, buf, w, capacity, n, args.content)
-        evicted = _evict(buf, path)
-        # A prefill writes at disk speed, which a run filling its buffer over hours never does; on this
-        # VM the host then flushes its own cache for a while, stalling reads for 100-600 ms (measured
-        # with bare pread, docs/storage.md). Let that pass: the phases measure the steady state.
-        time.sleep(args.settle)
-        rr = RelaxedReplay(buf, staleness=args.staleness, prefetch=args.staleness, worker="thread")
-        paced = attempt(_phase, ctx, buf, rr, w, batch, n, args.duration, True, args.content)
-        _evict(buf, path)
-        unpaced = attempt(_phase, ctx, buf, rr, w, batch, n, args.unpaced_duration, False, args.content)
-        disk = _disk_bytes(path)
-        storage = buf.storage
+        prefill = _prefill(ctx, buf, w, capacity, n, content)
+        evicted = _evict(buf, path) if on_disk else 0
+        if on_disk:
+            # A prefill writes at disk speed, which a run filling its buffer over hours never does; on this
+            # VM the host then flushes its own cache for a while, stalling reads for 100-600 ms (measured
+            # with bare pread, docs/storage.md). Let that pass: the phases measure the steady state.
+            time.sleep(args.settle)
+        # One cold batch, read and decoded by the learner: what the pipeline's depth must cover.
+        start = time.perf_counter()
+        buf.sample(batch)
+        batch_seconds = time.perf_counter() - start
+        depth = args.staleness or pipeline_depth(batch_seconds, period, batch * w.item_bytes,
+                                                 STALL_S if on_disk else 0.0)  # fmt: skip
+        if on_disk:
+            _evict(buf, path)
+        rr = RelaxedReplay(buf, staleness=depth, prefetch=depth, worker="thread")
+        paced_s = max(args.duration, args.min_calls * period)
+        paced = attempt(_phase, ctx, buf, rr, w, batch, n, paced_s, True, content)
+        if on_disk:
+            _evict(buf, path)
+        unpaced = attempt(_phase, ctx, buf, rr, w, batch, n, args.unpaced_duration, False, content)
+        disk = _disk_bytes(path) if on_disk else 0
+        store = buf.storage
         # The disk tier keeps the newest cache_rows records in the page cache (``ram_bytes`` // record size).
-        record = getattr(getattr(storage, "format", None), "bytes", w.item_bytes)
-        cache = getattr(storage, "cache_rows", 0) * record
+        record = getattr(getattr(store, "format", None), "bytes", w.item_bytes)
+        cache = getattr(store, "cache_rows", 0) * record
+        in_ram = {} if on_disk else {"segment_bytes": os.stat(store.path).st_blocks * 512, **_memory()}
         compressed = {}
         if packed is not None:
-            compressed = {"item_log_bytes": packed, "log_bytes_per_row": storage.bytes_per_row,
-                          "byte_budget": options["byte_budget"], "evicted_rows": storage.evicted_rows}  # fmt: skip
+            compressed = {"item_log_bytes": packed, "log_bytes_per_row": store.bytes_per_row,
+                          "byte_budget": options["byte_budget"], "evicted_rows": store.evicted_rows}  # fmt: skip
     finally:
         (rr or buf).close()
     data_bytes = capacity * w.item_bytes
     return {"capacity": capacity, "scale": scale, "data_bytes": data_bytes, "record_bytes": record,
             "disk_bytes": disk, "evicted_bytes": evicted, "ram_bytes": args.ram_bytes, "ram_cache_bytes": cache,
-            "ram_cache_share": cache / (capacity * record), "batch": batch,
+            "ram_cache_share": cache / (capacity * record), "batch": batch, "period_s": period,
+            "batch_probe_s": batch_seconds, "depth": depth,
             "learner_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "prefill": prefill, "paced": paced, "unpaced": unpaced, **compressed}  # fmt: skip
+            "prefill": prefill, "paced": paced, "unpaced": unpaced, **in_ram, **compressed}  # fmt: skip
+
+
+def _memory() -> dict[str, int]:
+    """The learner's resident bytes now: all, anonymous, and of shared memory mappings (/proc/self/status)."""
+    fields = {"VmRSS": "rss_bytes", "RssAnon": "rss_anon_bytes", "RssShmem": "rss_shmem_bytes"}
+    out = {}
+    with suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in fields:
+                out[fields[key]] = int(value.split()[0]) * 1024
+    return out
+
+
+def _wait_primed(rr: RelaxedReplay) -> bool:
+    """Wait until the worker has drawn ``rr.prefetch`` batches ahead (at most :data:`PRIME_TIMEOUT`); whether it did.
+
+    Reads the thread executor's queue of batches drawn ahead, which the library does not publish:
+    a benchmark probe (the workloads run ``worker="thread"``).
+    """
+    deadline = time.monotonic() + PRIME_TIMEOUT
+    core = rr._core  # noqa: SLF001 - see above
+    while core is not None and len(core.ready) < rr.prefetch:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
 
 
 def _prefill(
@@ -718,12 +829,13 @@ def _phase(
     with tqdm(total=round(duration, 1), desc=desc, unit="s", leave=False, disable=None) as bar, \
             _actors(ctx, _workload_actor, arg_lists, board) as procs:  # fmt: skip
         _wait_ready(procs, board)
-        # One untimed step, so the timed calls find the pipeline running (the first has no batch drawn ahead).
+        # Start-up, untimed: one step (nothing is drawn ahead before the first), then the pipeline fills.
+        primed_at = time.perf_counter()
         b = rr.sample(batch)
         torn, empty = torn_rows(b.data)
         rr.update_priorities(b.indices, td[0])
-        if paced:
-            time.sleep(min(period, 1.0))  # ... and "trains" one period, as every timed step does
+        primed = _wait_primed(rr)
+        startup = time.perf_counter() - primed_at
         board.flags[GO] = 1
         start = due = time.perf_counter()
         while (due if paced else time.perf_counter()) - start < duration:
@@ -748,6 +860,8 @@ def _phase(
     lat_ms = np.asarray(latencies) * 1e3
     result = {
         "seconds": elapsed,
+        "startup_s": startup,
+        "primed": primed,
         "sample_calls": len(latencies),
         "insert_items_per_s": inserted / insert_seconds,
         "sample_items_per_s": len(latencies) * batch / elapsed,
@@ -900,34 +1014,50 @@ def _ms(d: dict[str, Any]) -> str:
     return "—" if p50 is None else f"{p50:.2f} / {p99:.2f}"
 
 
+def _depth(wl: dict[str, Any]) -> str:
+    if wl.get("staleness"):
+        return f"{wl['staleness']} for every row (`--staleness`)"
+    if "stall_s" not in wl:  # results of a run before the per-row rule
+        return f"{wl.get('prefetch', 8)} for every row"
+    return (f"per row (*d*): ⌈(one cold batch's read + decode + {wl['stall_s']} s of disk stall) ÷ sample period⌉, "
+            f"at least {MIN_DEPTH}, at most {_bytes(wl['pipeline_bytes'])} of batches (no stall term in RAM)")  # fmt: skip
+
+
 def _workloads_markdown(wl: dict[str, Any]) -> list[str]:
+    storages = sorted({r.get("storage", "disk") for r in wl["rows"]})
     lines = [
         "",
-        '## Workloads on the disk tier (`storage="disk"`)',
+        "## Workloads (" + ", ".join(f'`storage="{s}"`' for s in storages) + ")",
         "",
         f"Rows of replay-needs.csv. Items are `head` int64, `obs` uint8 (item bytes − 16), `tail` int64; "
         f"{wl['actors']} actor processes insert one item per `add` through writer handles; the learner samples "
-        f'through `RelaxedReplay(staleness={wl["staleness"]}, prefetch={wl["prefetch"]}, worker="{wl["worker"]}")` '
-        "and updates priorities. The buffer is prefilled to capacity by the actors, then a durable point is made "
-        "and its files are evicted from the page cache (fsync + `POSIX_FADV_DONTNEED`) before each timed phase; "
-        f"after the prefill the disk is left idle for {wl.get('settle_s', 0)} s (the host flushes its cache after a "
-        "prefill at disk speed, stalling reads; a buffer filled over hours never sees that). "
-        f"*Paced* ({wl['duration_s']} s): actors at the row's insert rate, the learner at its sample rate, sleeping "
+        f'through `RelaxedReplay(staleness=d, prefetch=d, worker="{wl["worker"]}")` and updates priorities; '
+        f"depth {_depth(wl)}. The buffer is prefilled to capacity by the actors; on disk a durable point is made "
+        "and its files are evicted from the page cache (fsync + `POSIX_FADV_DONTNEED`) before each timed phase, "
+        f"and after the prefill the disk is left idle for {wl.get('settle_s', 0)} s (the host flushes its cache "
+        "after a prefill at disk speed, stalling reads; a buffer filled over hours never sees that). "
+        "*Start-up*: before each phase's clock starts, one untimed `sample` and the wait until *d* batches are "
+        "drawn ahead (excluded from the latencies, reported here). "
+        f"*Paced* ({wl['duration_s']} s or {wl.get('min_calls', 0)} sample periods, whichever is longer; *calls*: "
+        "timed `sample` calls): actors at the row's insert rate, the learner at its sample rate, sleeping "
         f"out each period; ✓ when the achieved rate is ≥ {wl['met_share']:.0%} of the required. "
         f"*Max* ({wl['unpaced_duration_s']} s): actors and learner unpaced. Latency: the `rr.sample` call only. "
         "*torn*: sampled rows whose five id copies disagree (must be 0). "
-        f"Disk budget {_bytes(wl['max_bytes'])}; `ram_bytes` {_bytes(wl['ram_bytes'])} (*RAM cache*: what the "
-        f"tier keeps of it, in whole records, and the share of the buffer); {wl['read_threads']} read threads.",
+        f"Budget {_bytes(wl['max_bytes'])} stored per buffer (`--max-bytes`); `ram_bytes` {_bytes(wl['ram_bytes'])} "
+        f"(*RAM cache*: what the disk tier keeps of it, in whole records, and the share of the buffer); "
+        f"{wl['read_threads']} read threads.",
         *_compressed_markdown(wl),
         "",
-        "| workload | items × bytes | scale | RAM cache | B | insert/s req → paced | sample/s req → paced | "
-        "p50 / p99 ms | torn | max insert/s | max sample/s (MB/s) | max p50 / p99 ms | prefill |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| workload | storage | items × bytes | scale | payload | RAM cache | B | d | insert/s req → paced | "
+        "sample/s req → paced | start-up s | calls | p50 / p99 ms | torn | max insert/s | max sample/s (MB/s) | "
+        "max p50 / p99 ms | prefill |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     errors = []
     for r in wl["rows"]:
+        storage = r.get("storage", "disk")
         if "error" in r:
-            lines.append(f"| {r['label']} | " + " | ".join(["—"] * 12) + " |")
+            lines.append(f"| {r['label']} | {storage} | " + " | ".join(["—"] * 16) + " |")
             errors.append((r["label"], "run", r["error"]))
             continue
         p, u, f = r["paced"], r["unpaced"], r["prefill"]
@@ -938,46 +1068,68 @@ def _workloads_markdown(wl: dict[str, Any]) -> list[str]:
         paced_sample = (f"{_rate(r['sample_items_per_s'])} → {_rate(_get(p, 'sample_items_per_s'))} "
                         f"{_mark(_get(p, 'sample_met'))}")  # fmt: skip
         max_bytes = _get(u, "sample_bytes_per_s")
+        payload = f"{r.get('content', 'random')}, {r.get('codec') or 'raw'}"
+        cache = "in RAM" if storage == "shared" else f"{_bytes(r['ram_cache_bytes'])} ({r['ram_cache_share']:.1%})"
+        startup = " / ".join("—" if ph.get("startup_s") is None else f"{ph['startup_s']:.2f}" for ph in (p, u))
         lines.append(
-            f"| {r['label']} | {r['capacity']:,} × {_bytes(r['item_bytes'])} = {_bytes(r['data_bytes'])} | "
-            f"{r['scale']:.3g} | {_bytes(r['ram_cache_bytes'])} ({r['ram_cache_share']:.1%}) | {r['batch']} | "
-            f"{paced_insert} | {paced_sample} | {_ms(p)} | {torn} | {_rate(_get(u, 'insert_items_per_s'))} | "
+            f"| {r['label']} | {storage} | {r['capacity']:,} × {_bytes(r['item_bytes'])} = {_bytes(r['data_bytes'])} | "
+            f"{r['scale']:.3g} | {payload} | {cache} | {r['batch']} | {r.get('depth', '—')} | "
+            f"{paced_insert} | {paced_sample} | {startup} | {_get(p, 'sample_calls') or '—'} | {_ms(p)} | {torn} | "
+            f"{_rate(_get(u, 'insert_items_per_s'))} | "
             f"{_rate(_get(u, 'sample_items_per_s'))} ({'—' if max_bytes is None else f'{max_bytes / 1e6:.0f}'}) | "
             f"{_ms(u)} | {f['seconds']:.1f} s, {f['bytes_per_s'] / 1e6:.0f} MB/s |"
         )
     done = [r for r in wl["rows"] if "error" not in r]
     scaled = [r for r in done if r["scale"] < 1]
     if scaled:
-        lines += ["", "Scaled down to fit the disk budget (capacity scaled, item size kept): "
+        lines += ["", "Scaled down to fit the budget (capacity scaled, item size kept): "
                   + ", ".join(f"{r['label']} ×{r['scale']:.3g} ({_bytes(r['capacity_items'] * r['item_bytes'])} "
                               f"→ {_bytes(r['data_bytes'])})" for r in scaled) + "."]  # fmt: skip
+    slow = [f"{r['label']} ({r.get('storage', 'disk')}) {_slow(r['paced'])}" for r in done
+            if _get(r, "paced", "slow_calls")]  # fmt: skip
+    lines += ["", "*start-up s*: paced / max phase."
+              + (" Paced calls over 5 ms (s into the phase, ms): " + "; ".join(slow) + "." if slow else "")]  # fmt: skip
     phases = [ph for r in done for ph in (r["paced"], r["unpaced"])]
     torn = sum(ph.get("torn_rows", 0) for ph in phases)
     unwritten = sum(ph.get("unwritten_rows", 0) for ph in phases)
     met = sum(bool(_get(r, "paced", "insert_met") and _get(r, "paced", "sample_met")) for r in done)
-    lines += ["", f"**Summary:** {met} of {len(wl['rows'])} workloads sustained at their required rates; "
+    p99_met = sum((_get(r, "paced", "latency_ms", "p99") or math.inf) <= P99_TARGET_MS for r in done)
+    lines += ["", f"**Summary:** {met} of {len(wl['rows'])} runs sustained at their required rates; "
+                  f"{p99_met} of {len(wl['rows'])} with paced p99 ≤ {P99_TARGET_MS:g} ms; "
                   f"{torn} torn and {unwritten} never-written rows sampled (both must be 0)."]  # fmt: skip
     if errors:
         lines += ["", "**Failed:**", ""] + [f"- {label} ({what}): {e}" for label, what, e in errors]
     return lines
 
 
+def _slow(phase: dict[str, Any]) -> str:
+    calls = phase.get("slow_calls", [])
+    shown = ", ".join(f"({t:g}, {ms:g})" for t, ms in calls[:6])
+    return f"{len(calls)} of {phase['sample_calls']}: {shown}" + (", ..." if len(calls) > 6 else "")
+
+
 def _compressed_markdown(wl: dict[str, Any]) -> list[str]:
-    """The payload and codec of the workloads, if not the default random raw bytes (one line per row)."""
-    content, codec = wl.get("content", "random"), wl.get("codec")
-    if content == "random" and codec is None:
+    """The payloads and codecs of the rows, if not all random raw bytes, and what the in-RAM rows took."""
+    rows = [r for r in wl["rows"] if "error" not in r]
+    if all(r.get("content", wl.get("content")) == "random" and not r.get("codec", wl.get("codec")) for r in rows) and \
+            not any(r.get("storage") == "shared" for r in rows):  # fmt: skip
         return []
-    what = "real Atari frame stacks (Pong, Breakout; `--content atari`)" if content == "atari" else "random bytes"
-    lines = ["", f"Payloads: {what}; " + (f"kept compressed with {codec} in the record log "
-             f"(`--codec {codec}`, byte budget {BUDGET_MARGIN}x capacity x an item's measured size):" if codec
-             else "raw rows.")]  # fmt: skip
-    for r in wl["rows"]:
+    lines = ["", "Payloads (*payload* column): real Atari frame stacks (Pong, Breakout; `--content atari`) for the Atari "
+             "rows, random bytes for the others; compressed ones are kept compressed in the record log, with a byte "
+             f"budget {BUDGET_MARGIN}x capacity x an item's measured compressed size:"]  # fmt: skip
+    for r in rows:
         if "item_log_bytes" in r:
+            where = (f"files {_bytes(r['disk_bytes'])} on disk" if r.get("storage", "disk") == "disk" else
+                     f"segment {_bytes(r['segment_bytes'])} resident in RAM ({r['capacity'] * r['item_bytes'] / r['segment_bytes']:.0f}x "
+                     f"less than the raw rows), learner RSS {_bytes(r.get('rss_bytes', 0))} of which shared memory "
+                     f"{_bytes(r.get('rss_shmem_bytes', 0))}")  # fmt: skip
             lines.append(
-                f"- {r['label']}: an item {_bytes(r['item_bytes'])} -> {_bytes(r['item_log_bytes'])} of records "
-                f"({r['item_bytes'] / r['item_log_bytes']:.0f}x); files {_bytes(r['disk_bytes'])} on disk; "
+                f"- {r['label']} ({r.get('storage', 'disk')}): an item {_bytes(r['item_bytes'])} -> "
+                f"{_bytes(r['item_log_bytes'])} of records ({r['item_bytes'] / r['item_log_bytes']:.0f}x); {where}; "
                 f"{r['evicted_rows']} rows evicted"
             )
+        elif r.get("storage") == "shared":
+            lines.append(f"- {r['label']} (shared, raw): segment {_bytes(r['segment_bytes'])} resident in RAM")
     return lines
 
 
@@ -1027,6 +1179,11 @@ def _bars_actors(ax: Any, a: dict[str, Any], metric: str, title: str, chunk: int
     ax.legend()
 
 
+def _name(r: dict[str, Any]) -> str:
+    """A run's label in the plots: the row, and where it ran when not on disk."""
+    return r["label"] + ("" if r.get("storage", "disk") == "disk" else f" ({r['storage']})")
+
+
 def _share(phase: dict[str, Any], key: str, required: float) -> float:
     value = phase.get(key)
     return np.nan if value is None else value / required
@@ -1044,7 +1201,7 @@ def _bars_workloads_rates(ax: Any, rows: list[dict[str, Any]]) -> None:
         ax.bar(x + (k - 1.5) * 0.2, [_share(r[phase], key, r[key]) for r in rows], 0.2, label=label)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_yscale("log")
-    ax.set_xticks(x, [r["label"] for r in rows], rotation=45, ha="right", fontsize=7)
+    ax.set_xticks(x, [_name(r) for r in rows], rotation=45, ha="right", fontsize=7)
     ax.set_title("achieved ÷ required rate")
     ax.legend(fontsize=7)
 
@@ -1055,7 +1212,7 @@ def _bars_workloads_latency(ax: Any, rows: list[dict[str, Any]]) -> None:
         p99 = [_get(r, phase, "latency_ms", "p99") for r in rows]
         ax.bar(x + (k - 0.5) * 0.4, [np.nan if v is None else v for v in p99], 0.4, label=label)
     ax.set_yscale("log")
-    ax.set_xticks(x, [r["label"] for r in rows], rotation=45, ha="right", fontsize=7)
+    ax.set_xticks(x, [_name(r) for r in rows], rotation=45, ha="right", fontsize=7)
     ax.set_title("sample() p99 latency (ms)")
     ax.legend(fontsize=7)
 
