@@ -658,7 +658,10 @@ class PrioritizedReplay:
 
         Compressed fields (``storage_options`` ``codec=``) are not in ``state["storage"]``: their
         records are in ``state["compressed"]``, as they are (not decompressed, see
-        :meth:`~hetero_replay.storage.codec.CompressedFields.export`).
+        :meth:`~hetero_replay.storage.codec.CompressedFields.export`). A row of a shared or disk
+        record log whose records could not be copied (evicted, or being rewritten by a writer) is
+        in the state without records and with priority 0, and this buffer's priority for it
+        becomes 0 too: it would not have been served either (docs/compression.md, checkpoints).
         """
         with self._lock:
             if self._ring is not None:
