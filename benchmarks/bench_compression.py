@@ -2,6 +2,7 @@
 
     python benchmarks/bench_compression.py [--steps 2500] [--repeats 5] [--out benchmarks/results/compression.json]
     python benchmarks/bench_compression.py --decode-only   # per frame: decode and digest times
+    python benchmarks/bench_compression.py --rates-only --repeats 15 --out /tmp/rates.json  # learner steps only
 
 For each game (Pong, Breakout, MsPacman, Qbert; ale-py, 84x84 gray, 4-frame stacks, a random policy,
 see ``atari_frames.py``) the same transitions (obs and next_obs stacks, action, reward, done) go into:
@@ -212,6 +213,9 @@ def main() -> None:
     parser.add_argument(
         "--decode-only", action="store_true", help="only the per-frame decode and hash times (json on stdout)"
     )
+    parser.add_argument(
+        "--rates-only", action="store_true", help="only the learner step rates (no bytes, cpprb, TorchRL, add times)"
+    )
     args = parser.parse_args()
     if args.decode_only:
         report = {"command": "python " + " ".join(sys.argv), "decode": decode_us(31), "hash_us_per_frame": hash_us(31)}
@@ -231,6 +235,8 @@ def main() -> None:
     for g, game in enumerate(GAMES):
         data = transitions(game, args.steps, seed=g)
         all_data.append(data)
+        if args.rates_only:
+            continue
         per: dict[str, float] = {}
         for name, options in VARIANTS.items():
             per[name], add_s = ours_bytes(data, options)
@@ -240,7 +246,7 @@ def main() -> None:
         per["episodes"] = float(data["done"].sum())
         result["bytes_per_transition"][game] = per
         print(game, {k: round(v) for k, v in per.items()}, flush=True)
-    result["add_us"] = {k: statistics.median(v) for k, v in result["add_us"].items()}
+    result["add_us"] = {k: statistics.median(v) for k, v in result["add_us"].items()}  # empty with --rates-only
     mixed = {k: np.concatenate([d[k] for d in all_data]) for k in SCHEMA}
     result["learner_steps_per_s"] = step_rates(mixed, args.repeats)
     result["learner_transitions"] = len(mixed["done"])
