@@ -762,15 +762,20 @@ def _memory() -> dict[str, int]:
     return out
 
 
-def _wait_primed(rr: RelaxedReplay) -> bool:
-    """Wait until the worker has drawn ``rr.prefetch`` batches ahead (at most :data:`PRIME_TIMEOUT`); whether it did.
+def _drawn_ahead(rr: RelaxedReplay) -> int:
+    """Batches the pipeline's worker has drawn ahead, waiting for the learner.
 
-    Reads the thread executor's queue of batches drawn ahead, which the library does not publish:
-    a benchmark probe (the workloads run ``worker="thread"``).
+    Reads the thread executor's queue, which the library does not publish: a benchmark probe
+    (the workloads run ``worker="thread"``).
     """
-    deadline = time.monotonic() + PRIME_TIMEOUT
     core = rr._core  # noqa: SLF001 - see above
-    while core is not None and len(core.ready) < rr.prefetch:
+    return rr.prefetch if core is None else len(core.ready)
+
+
+def _wait_primed(rr: RelaxedReplay) -> bool:
+    """Wait until the worker has drawn ``rr.prefetch`` batches ahead (at most :data:`PRIME_TIMEOUT`); whether it did."""
+    deadline = time.monotonic() + PRIME_TIMEOUT
+    while _drawn_ahead(rr) < rr.prefetch:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.002)
@@ -824,6 +829,7 @@ def _phase(
     td = [np.abs(np.random.default_rng(i).standard_normal(batch)).astype(np.float32) for i in range(POOL)]
     latencies: list[float] = []
     called_at: list[float] = []  # seconds into the phase, to see when slow calls happen
+    ahead: list[int] = []  # batches drawn ahead when the call came: 0 means it waited for the pipeline
     dropped = rr.dropped_updates
     desc = f"{w.label} {'paced' if paced else 'unpaced'}"
     with tqdm(total=round(duration, 1), desc=desc, unit="s", leave=False, disable=None) as bar, \
@@ -839,10 +845,12 @@ def _phase(
         board.flags[GO] = 1
         start = due = time.perf_counter()
         while (due if paced else time.perf_counter()) - start < duration:
+            found = _drawn_ahead(rr)
             t = time.perf_counter()
             b = rr.sample(batch)
             latencies.append(time.perf_counter() - t)
             called_at.append(t - start)
+            ahead.append(found)
             bad, unwritten = torn_rows(b.data)
             torn, empty = torn + bad, empty + unwritten
             rr.update_priorities(b.indices, td[len(latencies) % POOL])
@@ -874,7 +882,11 @@ def _phase(
             "mean": float(lat_ms.mean()),
         },
         # When the calls slower than 5 ms came (s into the phase) and how slow (ms): at most 100.
-        "slow_calls": [[round(called_at[i], 3), round(float(lat_ms[i]), 2)] for i in np.flatnonzero(lat_ms > 5)[:100]],
+        # ... and how many batches were drawn ahead then (0: the pipeline ran dry; more: the learner's thread was late).
+        "slow_calls": [
+            [round(called_at[i], 3), round(float(lat_ms[i]), 2), ahead[i]] for i in np.flatnonzero(lat_ms > 5)[:100]
+        ],  # fmt: skip
+        "dry_calls": ahead.count(0),
         "torn_rows": torn,
         "unwritten_rows": empty,
         "dropped_updates": rr.dropped_updates - dropped,
@@ -1039,7 +1051,7 @@ def _workloads_markdown(wl: dict[str, Any]) -> list[str]:
         "*Start-up*: before each phase's clock starts, one untimed `sample` and the wait until *d* batches are "
         "drawn ahead (excluded from the latencies, reported here). "
         f"*Paced* ({wl['duration_s']} s or {wl.get('min_calls', 0)} sample periods, whichever is longer; *calls*: "
-        "timed `sample` calls): actors at the row's insert rate, the learner at its sample rate, sleeping "
+        "timed `sample` calls, *dry*: those that found no batch drawn ahead): actors at the row's insert rate, the learner at its sample rate, sleeping "
         f"out each period; ✓ when the achieved rate is ≥ {wl['met_share']:.0%} of the required. "
         f"*Max* ({wl['unpaced_duration_s']} s): actors and learner unpaced. Latency: the `rr.sample` call only. "
         "*torn*: sampled rows whose five id copies disagree (must be 0). "
@@ -1074,7 +1086,7 @@ def _workloads_markdown(wl: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {r['label']} | {storage} | {r['capacity']:,} × {_bytes(r['item_bytes'])} = {_bytes(r['data_bytes'])} | "
             f"{r['scale']:.3g} | {payload} | {cache} | {r['batch']} | {r.get('depth', '—')} | "
-            f"{paced_insert} | {paced_sample} | {startup} | {_get(p, 'sample_calls') or '—'} | {_ms(p)} | {torn} | "
+            f"{paced_insert} | {paced_sample} | {startup} | {_calls(p)} | {_ms(p)} | {torn} | "
             f"{_rate(_get(u, 'insert_items_per_s'))} | "
             f"{_rate(_get(u, 'sample_items_per_s'))} ({'—' if max_bytes is None else f'{max_bytes / 1e6:.0f}'}) | "
             f"{_ms(u)} | {f['seconds']:.1f} s, {f['bytes_per_s'] / 1e6:.0f} MB/s |"
@@ -1088,7 +1100,8 @@ def _workloads_markdown(wl: dict[str, Any]) -> list[str]:
     slow = [f"{r['label']} ({r.get('storage', 'disk')}) {_slow(r['paced'])}" for r in done
             if _get(r, "paced", "slow_calls")]  # fmt: skip
     lines += ["", "*start-up s*: paced / max phase."
-              + (" Paced calls over 5 ms (s into the phase, ms): " + "; ".join(slow) + "." if slow else "")]  # fmt: skip
+              + (" Paced calls over 5 ms (s into the phase, ms, batches drawn ahead when called: 0 = the pipeline "
+                 "ran dry): " + "; ".join(slow) + "." if slow else "")]  # fmt: skip
     phases = [ph for r in done for ph in (r["paced"], r["unpaced"])]
     torn = sum(ph.get("torn_rows", 0) for ph in phases)
     unwritten = sum(ph.get("unwritten_rows", 0) for ph in phases)
@@ -1102,9 +1115,17 @@ def _workloads_markdown(wl: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _calls(phase: dict[str, Any]) -> str:
+    """Timed calls of a phase, and how many found no batch drawn ahead (waited for the pipeline)."""
+    if "sample_calls" not in phase:
+        return "—"
+    dry = phase.get("dry_calls")
+    return f"{phase['sample_calls']}" + ("" if dry is None else f" ({dry} dry)")
+
+
 def _slow(phase: dict[str, Any]) -> str:
     calls = phase.get("slow_calls", [])
-    shown = ", ".join(f"({t:g}, {ms:g})" for t, ms in calls[:6])
+    shown = ", ".join(f"({', '.join(f'{x:g}' for x in call)})" for call in calls[:6])
     return f"{len(calls)} of {phase['sample_calls']}: {shown}" + (", ..." if len(calls) > 6 else "")
 
 
