@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -259,7 +260,11 @@ def test_sigkilled_owner_releases_the_buffer_even_with_a_forked_child_alive(tmp_
         with pytest.raises(BufferInUseError):
             PrioritizedReplay.reopen(path)
         os.kill(owner.pid, signal.SIGKILL)
-        owner.join(JOIN_S)
+        # Not owner.join(): its sentinel pipe stays open in the forked child, so join() would wait out
+        # JOIN_S; is_alive() reaps the dead owner with waitpid.
+        deadline = time.monotonic() + JOIN_S
+        while owner.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
         again = PrioritizedReplay.reopen(path)
         assert len(again) == 10
         again.close()
