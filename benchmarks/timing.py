@@ -37,9 +37,12 @@ class Task:
     times: list[float] = field(default_factory=list)
 
     def run(self, calls: int) -> float:
-        """Seconds for ``calls`` back-to-back calls, garbage collection paused (as timeit does)."""
+        """Seconds for ``calls`` back-to-back calls, garbage collection paused (as timeit does).
+
+        No ``gc.collect()`` first: paused, the collector cannot run during the calls anyway, and a full
+        collection of a process that holds torch, Tianshou and numba takes ~0.3 s, paid per repeat.
+        """
         self.activate()
-        gc.collect()
         gc.disable()
         try:
             fn = self.fn
