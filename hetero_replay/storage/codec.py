@@ -83,6 +83,24 @@ def is_image_field(field: Field) -> bool:
     return field.dtype == np.uint8 and len(field.shape) >= 2
 
 
+def check_codec(codec: Any) -> Any:
+    """``codec`` (an option value, see the module's docstring) if every codec name and level in it is known.
+
+    What it can check without a schema; :func:`field_codecs` checks the fields it names.
+
+    Raises:
+        ValueError: an unknown codec or level.
+        TypeError: ``codec`` is neither None, a name, a pair nor a mapping.
+    """
+    if isinstance(codec, Mapping):
+        for name, spec in codec.items():
+            if spec is not None:
+                Codec.parse(spec, f"codec of field {name!r}")
+    elif codec is not None:
+        Codec.parse(codec)
+    return codec
+
+
 def field_codecs(schema: Mapping[str, Field], codec: Any) -> dict[str, Codec]:
     """The codec of each compressed field of ``schema`` (see the module's docstring for ``codec``).
 

@@ -97,7 +97,7 @@ from hetero_replay.checks import check_bool, check_int
 from hetero_replay.storage import checkpoint
 from hetero_replay.storage import records as record_arrays
 from hetero_replay.storage.base import check_host_batch
-from hetero_replay.storage.codec import Codec, settings_json
+from hetero_replay.storage.codec import Codec, check_codec, settings_json
 from hetero_replay.storage.disk_records import (
     LOG_FILE,
     REFS,
@@ -164,22 +164,10 @@ _OPTION_CHECKS: dict[str, Callable[[Any], Any]] = {
     "flush_seconds": check_flush_seconds,
     "reopen": lambda value: check_bool(value, "storage_options reopen"),
     "abandon_after": check_abandon_after,
-    "codec": lambda value: _check_codec(value),
+    "codec": check_codec,
     "byte_budget": lambda value: None if value is None else check_byte_budget(value),
     "frames": lambda value: check_frames(value, "disk"),
 }
-
-
-def _check_codec(value: Any) -> Any:
-    """``value`` if its codec names and levels are known (the fields it names are checked against the schema
-    by :func:`~hetero_replay.storage.codec.field_codecs` when the storage is made)."""
-    if isinstance(value, Mapping):
-        for name, spec in value.items():
-            if spec is not None:
-                Codec.parse(spec, f"codec of field {name!r}")
-    elif value is not None:
-        Codec.parse(value)
-    return value
 
 
 def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
