@@ -698,6 +698,8 @@ class DiskStorage(RingOwner, RawRows):
             refs = self.records.row_arrays(encoded, stamps, np.arange(rows, dtype=np.int64))[REFS]
             columns = [list(self.codecs).index(n) for n in encoded.names]
             views[REFS][:, :, columns] = refs[:, :, columns]
+            held = stamps > 0  # committed rows: watched for eviction from their new records on
+            self._track(slots[held], views[REFS][held], stamps[held])
         for name, view in views.items():
             if name in arrays and name not in self.codecs:
                 view[...] = arrays[name]

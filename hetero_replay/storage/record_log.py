@@ -131,9 +131,11 @@ class RecordLog:
 class Evictions:
     """Which committed rows of a ring lost their records to newer ones (the learner's side).
 
-    :meth:`track` is told each new row's first record offset (its records are
-    contiguous); :meth:`expired` returns the tracked rows whose records the head
-    has passed and that still hold the stamp they had then. Rows are kept in
+    :meth:`track` is told a row's first record offset (its records are
+    contiguous) each time its records are written: a new row, or one rewritten
+    in place (its stamp kept). :meth:`expired` returns the tracked rows whose
+    current first record the head has passed and that still hold the stamp they
+    had then; an entry a rewrite superseded is skipped. Entries are kept in
     chunks in poll order, each sorted by offset: writers reserve bytes in about
     that order, and a row a chunk boundary hides is caught by the read's own
     check instead (:meth:`RecordLog.gather`).
@@ -141,6 +143,7 @@ class Evictions:
 
     def __init__(self, capacity: int) -> None:
         self._chunks: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self._first = np.full(capacity, -1, np.int64)  # each slot's current first record offset (-1: none)
         self._counted = np.zeros(capacity, np.int64)  # the stamp at which each slot was counted evicted
         #: Rows found evicted so far (each slot counted once per row it held).
         self.rows = 0
@@ -149,15 +152,18 @@ class Evictions:
         if len(slots):
             order = np.argsort(offsets, kind="stable")
             self._chunks.append((offsets[order], slots[order], stamps[order]))
+            self._first[slots] = offsets
 
     def expired(self, limit: int, seen: np.ndarray) -> np.ndarray:
-        """Tracked slots whose first record lies below ``limit`` and whose stamp is still ``seen``'s."""
+        """Tracked slots whose current first record lies below ``limit`` and whose stamp is still ``seen``'s."""
         dead: list[np.ndarray] = []
         while self._chunks and self._chunks[0][0][0] < limit:
             offsets, slots, stamps = self._chunks.popleft()
             cut = int(np.searchsorted(offsets, limit))
-            gone, same = slots[:cut], stamps[:cut] == seen[slots[:cut]]
-            dead.append(gone[same])
+            gone = slots[:cut]
+            current = (stamps[:cut] == seen[gone]) & (offsets[:cut] == self._first[gone])
+            dead.append(gone[current])
+            self._first[gone[current]] = -1  # found once: a duplicate entry (a rewrite kept it) is stale
             if cut < len(offsets):
                 self._chunks.appendleft((offsets[cut:], slots[cut:], stamps[cut:]))
         return np.unique(np.concatenate(dead)) if dead else np.zeros(0, np.int64)

@@ -458,10 +458,17 @@ class CompressedSharedStorage(RingOwner):
         return check_host_batch(self.schema, self.capacity, fields, every_field=False)
 
     def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
-        """Write validated rows at slots ``start, ...`` in place: their stamps stay (the owner holds its lock)."""
+        """Write validated rows at slots ``start, ...`` in place: their stamps stay (the owner holds its lock).
+
+        Rows given compressed fields get new records, tracked for eviction from their new offsets.
+        """
         rows = len(next(iter(arrays.values())))
-        stamps = self.control.stamps[(start + np.arange(rows)) % self.capacity].copy()
-        self.segment.put(start, self.segment.encode(arrays), stamps)
+        slots = (start + np.arange(rows)) % self.capacity
+        stamps = self.control.stamps[slots].copy()
+        encoded = self.segment.encode(arrays)
+        self.segment.put(start, encoded, stamps)
+        if encoded.names:
+            self._track(slots[stamps > 0])
 
     def gather(self, indices: np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Rows at ``indices``; a row whose records were evicted reads as zeros in its compressed fields."""
@@ -483,7 +490,6 @@ class CompressedSharedStorage(RingOwner):
         self.reader.adopt(position, size)
         for slots in self._oldest_first(position, size):
             self.write(int(slots[0]), {name: a[slots] for name, a in arrays.items()})
-            self._track(slots)
 
     def export_state(self, count: int, copy: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The first ``count`` rows as the host storage's state holds them: the raw fields' rows and the
