@@ -7,6 +7,7 @@ nothing is downloaded. ``python benchmarks/atari_frames.py`` rewrites ``tests/da
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,47 @@ def stacks(frames: np.ndarray, starts: np.ndarray, k: int = 4) -> np.ndarray:
         for j in range(k):
             out[i, j] = frames[max(begin, i - (k - 1 - j))]
     return out
+
+
+def transition_chunks(game: str, steps: int, seed: int = 0, chunk: int = 1000) -> Iterator[dict[str, np.ndarray]]:
+    """``steps`` transitions of ``game`` under a random policy, in :data:`SCHEMA`, ``chunk`` rows at a time.
+
+    Streamed from the emulator, so only one chunk's stacks are ever held (a million transitions' stacks
+    would take 56 GB). The preprocessing is :func:`play`'s and the stacks are :func:`stacks`' (an
+    episode's first frame repeated before it); ``action`` and ``reward`` are the played ones, ``done``
+    is ``terminated or truncated``, and at an episode's end ``next_obs`` holds the real terminal frame
+    (the next row's ``obs`` starts the next episode).
+    """
+    import ale_py
+    import gymnasium as gym
+    from gymnasium.wrappers import AtariPreprocessing
+
+    gym.register_envs(ale_py)
+    env = AtariPreprocessing(
+        gym.make(f"ALE/{game}-v5", frameskip=1, repeat_action_probability=0.0), frame_skip=4, screen_size=84
+    )
+    rng = np.random.default_rng(seed)
+    frame, _ = env.reset(seed=seed)
+    stack = np.repeat(frame[None], 4, axis=0)
+    done = 0
+    try:
+        while done < steps:
+            n = min(chunk, steps - done)
+            out = {name: np.empty((n, *shape), dtype) for name, (shape, dtype) in SCHEMA.items()}
+            for i in range(n):
+                action = int(rng.integers(env.action_space.n))
+                frame, reward, terminated, truncated, _ = env.step(action)
+                out["obs"][i] = stack
+                stack = np.concatenate([stack[1:], frame[None]])
+                out["next_obs"][i] = stack
+                out["action"][i], out["reward"][i], out["done"][i] = action, reward, terminated or truncated
+                if terminated or truncated:
+                    frame, _ = env.reset()
+                    stack = np.repeat(frame[None], 4, axis=0)
+            done += n
+            yield out
+    finally:
+        env.close()
 
 
 def sample_transitions(games: tuple[str, ...] = ("Pong", "Breakout")) -> dict[str, np.ndarray]:
