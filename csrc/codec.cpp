@@ -14,6 +14,7 @@
 // LZ4 1.8 us through Blosc2, 1.9-3.0 us as a bare LZ4 block; Zstd about 7 us either way).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <blosc2.h>
 
@@ -208,57 +209,71 @@ bool decompress_record(const uint8_t* data, size_t size, uint8_t* row, int64_t r
 
 namespace {
 
-// records[indices[i]] decompressed into out[i]; returns the positions i whose record is damaged
-// (its CRC or its chunk does not check out). A record that is None, or index -1, is a row never
-// written: zeros. Each distinct index is decompressed once, into its first position, and copied to the
-// others: a batch of stacked frames names most frames twice or more (obs and next_obs share three).
-py::list decompress_rows(const py::list& records, const py::array_t<int64_t, py::array::c_style>& indices,
-                         py::array_t<uint8_t, py::array::c_style>& out) {
+// sources[f][indices[i]] decompressed into out[f * n + i] (n = len(indices)); returns the positions
+// f * n + i whose record is damaged (its CRC or its chunk does not check out), ascending. A record that
+// is None, or index -1, is a row never written: zeros. Each distinct index is decompressed once per
+// source, into its first position, and copied to the others: a batch of stacked frames names most frames
+// twice or more (obs and next_obs share three). One call for every source: one hand-over to the pool.
+py::list decompress_fields(const std::vector<py::list>& sources,
+                           const py::array_t<int64_t, py::array::c_style>& indices,
+                           py::array_t<uint8_t, py::array::c_style>& out) {
   const int64_t n = indices.size();
-  if (out.ndim() != 2 || out.shape(0) != n)
-    throw py::value_error("decompress_rows: out must be (len(indices), bytes)");
+  const auto fields = static_cast<int64_t>(sources.size());
+  if (out.ndim() != 2 || out.shape(0) != fields * n)
+    throw py::value_error("decompress_rows: out must be (len(sources) * len(indices), bytes)");
   const int64_t row_bytes = out.shape(1);
   const int64_t* idx = indices.data();
-  const int64_t count = static_cast<int64_t>(records.size());
-  for (int64_t i = 0; i < n; ++i)
-    if (idx[i] < -1 || idx[i] >= count)
-      throw py::index_error("decompress_rows: index " + std::to_string(idx[i]) + " out of range");
+  for (const py::list& records : sources) {
+    const auto count = static_cast<int64_t>(records.size());
+    for (int64_t i = 0; i < n; ++i)
+      if (idx[i] < -1 || idx[i] >= count)
+        throw py::index_error("decompress_rows: index " + std::to_string(idx[i]) + " out of range");
+  }
   // Positions grouped by index: group g is order[first[g]], ..., order[first[g + 1] - 1].
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), int64_t{0});
   std::stable_sort(order.begin(), order.end(), [idx](int64_t a, int64_t b) { return idx[a] < idx[b]; });
   std::vector<int64_t> first;
-  std::vector<py::object> held;  // each group's record, referenced while the GIL is released
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t i = order[static_cast<size_t>(k)];
-    if (k > 0 && idx[i] == idx[order[static_cast<size_t>(k - 1)]]) continue;
-    py::object rec = idx[i] == -1 ? py::none() : py::object(records[static_cast<size_t>(idx[i])]);
-    if (!rec.is_none() && !PyBytes_Check(rec.ptr()))
-      throw py::type_error("decompress_rows: records must be bytes");
-    first.push_back(k);
-    held.push_back(std::move(rec));
-  }
+  for (int64_t k = 0; k < n; ++k)
+    if (k == 0 || idx[order[static_cast<size_t>(k)]] != idx[order[static_cast<size_t>(k - 1)]])
+      first.push_back(k);
+  const auto groups = static_cast<int64_t>(first.size());
   first.push_back(n);
-  uint8_t* dst = out.mutable_data();
+  std::vector<py::object> held;  // each (source, group)'s record, referenced while the GIL is released
+  held.reserve(static_cast<size_t>(fields * groups));
+  for (const py::list& records : sources)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t i = idx[order[static_cast<size_t>(first[static_cast<size_t>(g)])]];
+      py::object rec = i == -1 ? py::none() : py::object(records[static_cast<size_t>(i)]);
+      if (!rec.is_none() && !PyBytes_Check(rec.ptr()))
+        throw py::type_error("decompress_rows: records must be bytes");
+      held.push_back(std::move(rec));
+    }
   std::vector<char> damaged(held.size(), 0);
+  uint8_t* const base = out.mutable_data();
   {
     ReleasedGil nogil;
-    parallel_for(static_cast<int64_t>(held.size()), TaskPool::instance().threads(), [&](int64_t g) {
-      const auto group = static_cast<size_t>(g);
+    parallel_for(static_cast<int64_t>(held.size()), TaskPool::instance().threads(), [&](int64_t task) {
+      const auto group = static_cast<size_t>(task % groups);
+      uint8_t* dst = base + (task / groups) * n * row_bytes;
       uint8_t* row = dst + order[static_cast<size_t>(first[group])] * row_bytes;
-      PyObject* rec = held[group].ptr();
+      PyObject* rec = held[static_cast<size_t>(task)].ptr();
       if (rec == Py_None) std::memset(row, 0, static_cast<size_t>(row_bytes));
       else
-        damaged[group] = !decompress_record(reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(rec)),
-                                            static_cast<size_t>(PyBytes_GET_SIZE(rec)), row, row_bytes);
+        damaged[static_cast<size_t>(task)] =
+            !decompress_record(reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(rec)),
+                               static_cast<size_t>(PyBytes_GET_SIZE(rec)), row, row_bytes);
       for (int64_t k = first[group] + 1; k < first[group + 1]; ++k)
         std::memcpy(dst + order[static_cast<size_t>(k)] * row_bytes, row, static_cast<size_t>(row_bytes));
     });
   }
   std::vector<int64_t> bad;
-  for (size_t g = 0; g < held.size(); ++g)
-    if (damaged[g])
-      for (int64_t k = first[g]; k < first[g + 1]; ++k) bad.push_back(order[static_cast<size_t>(k)]);
+  for (size_t task = 0; task < held.size(); ++task)
+    if (damaged[task]) {
+      const auto group = static_cast<int64_t>(task) % groups, base = static_cast<int64_t>(task) / groups * n;
+      for (int64_t k = first[static_cast<size_t>(group)]; k < first[static_cast<size_t>(group) + 1]; ++k)
+        bad.push_back(base + order[static_cast<size_t>(k)]);
+    }
   std::sort(bad.begin(), bad.end());
   py::list result;
   for (int64_t i : bad) result.append(i);
@@ -272,12 +287,23 @@ void register_codec(py::module_& m) {
   m.def("compress_rows", &compress_rows, py::arg("rows"), py::arg("codec"), py::arg("level"),
         "Rows (n, bytes) uint8 compressed one by one with Blosc2's 'lz4' or 'zstd' at ``level`` (0-9):\n"
         "a list of n records, each [CRC-32C of the chunk, 4 bytes LE][Blosc2 chunk]. Threads, GIL released.");
-  m.def("decompress_rows", &decompress_rows, py::arg("records"), py::arg("indices"), py::arg("out"),
-        "``records[indices[i]]`` decompressed into ``out[i]`` (a (n, row bytes) uint8 array) on the batch\n"
-        "threads with the GIL released, each distinct index once (copied to its other positions); None "
-        "records\n"
-        "and index -1 give zeros. Returns the positions i whose record is damaged (CRC, chunk structure or\n"
-        "size wrong), ascending; their rows in ``out`` are undefined.");
+  m.def(
+      "decompress_rows",
+      [](const py::list& records, const py::array_t<int64_t, py::array::c_style>& indices,
+         py::array_t<uint8_t, py::array::c_style>& out) {
+        return decompress_fields({records}, indices, out);
+      },
+      py::arg("records"), py::arg("indices"), py::arg("out"),
+      "``records[indices[i]]`` decompressed into ``out[i]`` (a (n, row bytes) uint8 array) on the batch\n"
+      "threads with the GIL released, each distinct index once (copied to its other positions); None "
+      "records\n"
+      "and index -1 give zeros. Returns the positions i whose record is damaged (CRC, chunk structure or\n"
+      "size wrong), ascending; their rows in ``out`` are undefined.");
+  m.def("decompress_fields", &decompress_fields, py::arg("sources"), py::arg("indices"), py::arg("out"),
+        "``decompress_rows`` of several record lists at the same indices in one call: "
+        "``sources[f][indices[i]]``\n"
+        "into ``out[f * n + i]`` (``out``: (len(sources) * n, row bytes)); returns the damaged positions\n"
+        "``f * n + i``, ascending.");
   m.def(
       "crc32c",
       [](const py::bytes& data, bool tables) {

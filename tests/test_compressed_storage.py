@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hetero_replay import PrioritizedReplay
-from hetero_replay._native import compress_rows, crc32c, decompress_rows
+from hetero_replay._native import compress_rows, crc32c, decompress_fields, decompress_rows
 from hetero_replay.storage import HostStorage, make_storage
 from hetero_replay.storage.codec import (
     ByteBudgetError,
@@ -201,6 +201,26 @@ def test_repeated_indices_are_served_once_and_every_position_of_a_damaged_record
                 np.testing.assert_array_equal(out[i], rows[index])
             elif index in (-1, 3):
                 assert not out[i].any()
+
+
+def test_several_fields_decompress_in_one_call_and_report_damage_per_field(transitions):
+    """``decompress_fields``: each source's rows at the same indices, field f's row i at f * n + i."""
+    obs, nxt = transitions["obs"][:6].reshape(6, -1), transitions["next_obs"][:6].reshape(6, -1)
+    sources = [compress_rows(obs, "lz4", 1), compress_rows(nxt, "zstd", 1)]
+    damaged = bytearray(sources[1][4])
+    damaged[-1] ^= 0x01
+    sources[1][4] = bytes(damaged)
+    sources[0][5] = None
+    indices = np.array([4, 1, 5, 4, 0])
+    out = np.empty((2 * len(indices), obs.shape[1]), np.uint8)
+    assert decompress_fields(sources, indices, out) == [5, 8]  # next_obs of row 4, at positions 0 and 3
+    np.testing.assert_array_equal(out[[0, 1, 3, 4]], obs[[4, 1, 4, 0]])
+    assert not out[2].any()  # a record never written
+    np.testing.assert_array_equal(out[[6, 7, 9]], nxt[[1, 5, 0]])
+    with pytest.raises(ValueError, match="out must be"):
+        decompress_fields(sources, indices, out[:5])
+    with pytest.raises(IndexError, match="out of range"):
+        decompress_fields(sources, np.array([6]), out[:2])
 
 
 def test_compressed_fields_have_no_live_view_and_no_native_executor(transitions):

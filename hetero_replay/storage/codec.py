@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from hetero_replay._native import compress_rows, decompress_rows
+from hetero_replay._native import compress_rows, decompress_fields
 from hetero_replay.checks import is_int
 from hetero_replay.storage import records as record_arrays
 from hetero_replay.storage.frames import FramePlan, FramePool, pooled_fields
@@ -297,15 +297,23 @@ class CompressedFields:
             DamagedRecordError: a record fails its CRC or its decompression (naming field and slots).
         """
         out, damaged = {}, {}
-        pooled = [n for n in names if n not in self._records]
+        pooled = [name for name in names if name not in self._records]
         if pooled:
             out, damaged = self.pool.gather(indices, pooled)  # type: ignore[union-attr]
+        rows = [n for n in names if n in self._records]
+        n = len(indices)
+        for like in dict.fromkeys(self._fields[name] for name in rows):  # fields alike share one native call
+            group = [name for name in rows if self._fields[name] == like]
+            block = np.empty((len(group), n, *like.shape), like.dtype)  # each field a C-contiguous view
+            sources = [self._records[name] for name in group]
+            bad = np.asarray(
+                decompress_fields(sources, indices, block.reshape(len(group) * n, -1).view(np.uint8)), np.int64
+            )
+            out.update(zip(group, block))
+            damaged.update(
+                {name: sorted(set(indices[bad[bad // n == k] % n].tolist())) for k, name in enumerate(group)}
+            )
         for name in names:
-            if name in self._records:
-                field = self._fields[name]
-                out[name] = np.empty((len(indices), *field.shape), field.dtype)
-                bad = decompress_rows(self._records[name], indices, out[name].reshape(len(indices), -1).view(np.uint8))
-                damaged[name] = sorted({int(indices[i]) for i in bad})
             if damaged[name]:
                 raise DamagedRecordError(f"field {name!r}: the compressed records of slots {damaged[name]} are damaged")
         return out
