@@ -67,6 +67,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import csv
+import gc
 import json
 import math
 import multiprocessing as mp
@@ -830,6 +831,8 @@ def _phase(
     latencies: list[float] = []
     called_at: list[float] = []  # seconds into the phase, to see when slow calls happen
     ahead: list[int] = []  # batches drawn ahead when the call came: 0 means it waited for the pipeline
+    # Per call: the learner thread's CPU s, s waiting for a core, full (generation 2) garbage collections.
+    spent: list[tuple[float, float, int]] = []
     dropped = rr.dropped_updates
     desc = f"{w.label} {'paced' if paced else 'unpaced'}"
     with tqdm(total=round(duration, 1), desc=desc, unit="s", leave=False, disable=None) as bar, \
@@ -846,9 +849,11 @@ def _phase(
         start = due = time.perf_counter()
         while (due if paced else time.perf_counter()) - start < duration:
             found = _drawn_ahead(rr)
+            waited, cpu, collected = _run_queue_s(), time.thread_time(), _full_collections()
             t = time.perf_counter()
             b = rr.sample(batch)
             latencies.append(time.perf_counter() - t)
+            spent.append((time.thread_time() - cpu, _run_queue_s() - waited, _full_collections() - collected))
             called_at.append(t - start)
             ahead.append(found)
             bad, unwritten = torn_rows(b.data)
@@ -881,11 +886,22 @@ def _phase(
             "max": float(lat_ms.max()),
             "mean": float(lat_ms.mean()),
         },
-        # When the calls slower than 5 ms came (s into the phase) and how slow (ms): at most 100.
-        # ... and how many batches were drawn ahead then (0: the pipeline ran dry; more: the learner's thread was late).
+        # When the calls slower than 5 ms came (s into the phase) and how slow (ms): at most 100; how many
+        # batches were drawn ahead then (0: the pipeline ran dry; more: the learner's thread was late); and
+        # of the call's ms, those the learner's thread ran on a core and those it waited for one (runnable,
+        # not running; it may include a wait that began before the call); the rest it was blocked (a lock,
+        # the GIL, a page fault's I/O); and the full garbage collections Python ran during the call.
         "slow_calls": [
-            [round(called_at[i], 3), round(float(lat_ms[i]), 2), ahead[i]] for i in np.flatnonzero(lat_ms > 5)[:100]
-        ],  # fmt: skip
+            [
+                round(called_at[i], 3),
+                round(float(lat_ms[i]), 2),
+                ahead[i],
+                *(round(x * 1e3, 2) for x in spent[i][:2]),
+                spent[i][2],
+            ]
+            for i in np.flatnonzero(lat_ms > 5)[:100]
+        ],
+        "full_collections": sum(gen2 for _, _, gen2 in spent),
         "dry_calls": ahead.count(0),
         "torn_rows": torn,
         "unwritten_rows": empty,
@@ -1101,7 +1117,8 @@ def _workloads_markdown(wl: dict[str, Any]) -> list[str]:
             if _get(r, "paced", "slow_calls")]  # fmt: skip
     lines += ["", "*start-up s*: paced / max phase."
               + (" Paced calls over 5 ms (s into the phase, ms, batches drawn ahead when called: 0 = the pipeline "
-                 "ran dry): " + "; ".join(slow) + "." if slow else "")]  # fmt: skip
+                 "ran dry; then, where measured, ms the learner's thread ran, ms it waited for a core, full garbage collections "
+                 "during the call): " + "; ".join(slow) + "." if slow else "")]  # fmt: skip
     phases = [ph for r in done for ph in (r["paced"], r["unpaced"])]
     torn = sum(ph.get("torn_rows", 0) for ph in phases)
     unwritten = sum(ph.get("unwritten_rows", 0) for ph in phases)
@@ -1121,6 +1138,20 @@ def _calls(phase: dict[str, Any]) -> str:
         return "—"
     dry = phase.get("dry_calls")
     return f"{phase['sample_calls']}" + ("" if dry is None else f" ({dry} dry)")
+
+
+def _full_collections() -> int:
+    """Full (generation 2) garbage collections this process has run so far."""
+    return gc.get_stats()[2]["collections"]
+
+
+def _run_queue_s() -> float:
+    """Seconds this thread has waited for a core so far (Linux schedstat; 0 where there is none)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _slow(phase: dict[str, Any]) -> str:
