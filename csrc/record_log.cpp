@@ -5,12 +5,13 @@
 // threads); one implementation of the appends, the gathers and their checks serves both: a 64-bit *head*
 // counts the bytes ever reserved, and the byte at absolute position p lives at p mod log_bytes. A writer
 // reserves all the bytes of its batch's records with one fetch_add on the head and copies each record,
-// prefixed by a header (the stamp its row will be published with, and its length), to its place, wrapping at
-// the end of the region (two copies; no padding, so every byte of the budget holds records).
+// prefixed by a header (its tag: the stamp of the row that first writes it, which rows referencing the
+// record check; and its length), to its place, wrapping at the end of the region (two copies; no
+// padding, so every byte of the budget holds records).
 //
 // A record at absolute offset o is overwritten once a reservation reaches past o + log_bytes, so
 // a reader copies (decompresses) it and then re-reads the head, seqlock-style: the record is sound
-// only if the head is still <= o + log_bytes, its header names the row's stamp and length, and its
+// only if the head is still <= o + log_bytes, its header names the reference's tag and length, and its
 // CRC-32C checks out (the last two catch a writer that reserved long ago and copied only now,
 // over newer records).
 #include <pybind11/numpy.h>
@@ -34,7 +35,8 @@ using namespace hetero_replay;
 
 namespace {
 
-// The header before each record: the stamp of its row (ticket + 1) and the record's length.
+// The header before each record: its tag (the stamp, ticket + 1, of the row that first wrote it) and its
+// length.
 struct RecordHeader {
   int64_t stamp;
   int64_t length;
@@ -108,18 +110,15 @@ Log log_of(py::handle log_obj, py::handle head_obj) {
   throw py::error_already_set();
 }
 
-// Appends records (bytes; row-major: row r's field f is records[r * fields + f]) of rows published
-// with `stamps`: returns each record's absolute offset (its header's).
-py::array_t<int64_t> log_append(
-    py::handle log_obj, py::handle head_obj, const py::list& records,
-    const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& stamps) {
+// Appends records (bytes), each under a header naming its tag (`tags`, one per record: the stamp of
+// the row that first writes it): returns each record's absolute offset (its header's).
+py::array_t<int64_t> log_append(py::handle log_obj, py::handle head_obj, const py::list& records,
+                                const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& tags) {
   const Log log = log_of(log_obj, head_obj);
   const auto n = static_cast<int64_t>(records.size());
-  const int64_t rows = stamps.size();
-  if (rows == 0 ? n != 0 : n % rows != 0)
-    throw py::value_error("log_append: " + std::to_string(n) + " records for " + std::to_string(rows) +
-                          " rows");
-  const int64_t fields = rows == 0 ? 1 : n / rows;
+  if (tags.ndim() != 1 || tags.size() != n)
+    throw py::value_error("log_append: " + std::to_string(n) + " records for " + std::to_string(tags.size()) +
+                          " tags (one tag a record)");
   int64_t total = 0;
   for (int64_t i = 0; i < n; ++i) {
     PyObject* rec = records[static_cast<size_t>(i)].ptr();
@@ -133,10 +132,10 @@ py::array_t<int64_t> log_append(
   // pwrite, two where it wraps) after the reservation.
   std::vector<uint8_t> staged(static_cast<size_t>(total));
   std::vector<int64_t> starts(static_cast<size_t>(n));
-  const int64_t* st = stamps.data();
+  const int64_t* tag = tags.data();
   for (int64_t i = 0, at = 0; i < n; ++i) {
     PyObject* rec = records[static_cast<size_t>(i)].ptr();
-    const RecordHeader header{st[i / fields], PyBytes_GET_SIZE(rec)};
+    const RecordHeader header{tag[i], PyBytes_GET_SIZE(rec)};
     starts[static_cast<size_t>(i)] = at;
     std::memcpy(staged.data() + at, &header, kHeaderBytes);
     std::memcpy(staged.data() + at + kHeaderBytes, PyBytes_AS_STRING(rec),
@@ -165,83 +164,92 @@ py::array_t<int64_t> log_append(
   return offsets;
 }
 
-// Decompresses the records of sampled rows into `outs` (one (n, field bytes) uint8 array per field):
-// offsets and lengths are the rows' (n, fields) references, stamps the rows' stamps as the reader saw
-// them. Returns an int8 mask of the rows all of whose records were sound (see the file's comment).
-// A log in memory is decoded on the batch TaskPool; a log in a file on `threads` threads of their own
-// (io_threads.hpp: they wait on the disk), each reading its record's span with pread.
+// Decompresses the records of sampled rows into `outs`, one (n, bytes) uint8 array per column, its
+// rows any stride apart (a frame of a stacked field is a column whose rows are the field's rows): offsets,
+// lengths and tags are the rows' (n, columns) references, a tag the stamp its record's header must name
+// (rows of one record a field: the row's stamp, as the reader saw it). Returns an int8 mask of the rows
+// all of whose records were sound (see the file's comment). A log in memory is decoded on the batch
+// TaskPool; a log in a file on `threads` threads of their own (io_threads.hpp: they wait on the disk),
+// each reading its record's span with pread.
 py::array_t<int8_t> log_gather(py::handle log_obj, py::handle head_obj,
                                const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& offsets,
                                const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& lengths,
-                               const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& stamps,
+                               const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& tags,
                                const py::list& outs, int threads) {
   const Log log = log_of(log_obj, head_obj);
   if (threads < 1) throw py::value_error("log_gather: threads must be >= 1, got " + std::to_string(threads));
-  const int64_t rows = stamps.size();
-  const auto fields = static_cast<int64_t>(outs.size());
-  if (offsets.ndim() != 2 || offsets.shape(0) != rows || offsets.shape(1) != fields || lengths.ndim() != 2 ||
-      lengths.shape(0) != rows || lengths.shape(1) != fields)
-    throw py::value_error("log_gather: offsets and lengths must be (rows, fields) int64");
-  std::vector<uint8_t*> out(static_cast<size_t>(fields));
-  std::vector<int64_t> out_bytes(static_cast<size_t>(fields));
-  for (int64_t f = 0; f < fields; ++f) {
-    auto arr = py::reinterpret_borrow<py::array>(outs[static_cast<size_t>(f)]);
+  const int64_t rows = offsets.ndim() == 2 ? offsets.shape(0) : -1;
+  const auto columns = static_cast<int64_t>(outs.size());
+  for (const auto* refs : {&offsets, &lengths, &tags})
+    if (refs->ndim() != 2 || refs->shape(0) != rows || refs->shape(1) != columns)
+      throw py::value_error(
+          "log_gather: offsets, lengths and tags must be (rows, columns) int64, a column an out");
+  std::vector<uint8_t*> out(static_cast<size_t>(columns));
+  std::vector<int64_t> out_bytes(static_cast<size_t>(columns)), out_stride(static_cast<size_t>(columns));
+  for (int64_t c = 0; c < columns; ++c) {
+    auto arr = py::reinterpret_borrow<py::array>(outs[static_cast<size_t>(c)]);
     if (!arr.dtype().equal(py::dtype::of<uint8_t>()) || arr.ndim() != 2 || arr.shape(0) != rows ||
-        !(arr.flags() & py::array::c_style) || !arr.writeable())
-      throw py::value_error("log_gather: each out must be a writable C-contiguous uint8 array (rows, bytes)");
-    out[static_cast<size_t>(f)] = static_cast<uint8_t*>(arr.mutable_data());
-    out_bytes[static_cast<size_t>(f)] = arr.shape(1);
+        arr.strides(1) != 1 || arr.strides(0) < arr.shape(1) || !arr.writeable())
+      throw py::value_error(
+          "log_gather: each out must be a writable uint8 array (rows, bytes), its bytes contiguous and rows "
+          "apart");
+    out[static_cast<size_t>(c)] = static_cast<uint8_t*>(arr.mutable_data());
+    out_bytes[static_cast<size_t>(c)] = arr.shape(1);
+    out_stride[static_cast<size_t>(c)] = arr.strides(0);
   }
   const int64_t* off = offsets.data();
   const int64_t* len = lengths.data();
-  const int64_t* st = stamps.data();
-  const int64_t tasks = rows * fields;
-  // Tasks (row r, field f) = r * fields + f, grouped by field and offset: a row drawn twice is decoded once.
+  const int64_t* tag = tags.data();
+  const int64_t tasks = rows * columns;
+  auto place = [&](int64_t t) {
+    const auto c = static_cast<size_t>(t % columns);
+    return out[c] + (t / columns) * out_stride[c];
+  };
+  // Tasks (row r, column c) = r * columns + c, grouped by record (offset, tag, length) and decoded size:
+  // each distinct record is decoded once (a row drawn twice, a frame several stacks hold).
   std::vector<int64_t> order(static_cast<size_t>(tasks));
   std::iota(order.begin(), order.end(), int64_t{0});
+  auto size_of = [&](int64_t t) { return out_bytes[static_cast<size_t>(t % columns)]; };
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    const int64_t fa = a % fields, fb = b % fields;
-    return fa != fb ? fa < fb : off[a] < off[b];
+    if (off[a] != off[b]) return off[a] < off[b];
+    if (tag[a] != tag[b]) return tag[a] < tag[b];
+    return len[a] != len[b] ? len[a] < len[b] : size_of(a) < size_of(b);
   });
   std::vector<int64_t> first;
   for (int64_t k = 0; k < tasks; ++k) {
     const int64_t t = order[static_cast<size_t>(k)];
     if (k > 0) {
       const int64_t p = order[static_cast<size_t>(k - 1)];
-      if (p % fields == t % fields && off[p] == off[t] && st[p / fields] == st[t / fields] &&
-          len[p] == len[t])
-        continue;
+      if (off[p] == off[t] && tag[p] == tag[t] && len[p] == len[t] && size_of(p) == size_of(t)) continue;
     }
     first.push_back(k);
   }
   first.push_back(tasks);
   const auto groups = static_cast<int64_t>(first.size()) - 1;
   std::vector<uint8_t> sound(static_cast<size_t>(groups), 0);
-  // One group: its record read, checked (header, CRC, size) and decoded, then copied to its other rows.
+  // One group: its record read, checked (header, CRC, size) and decoded, then copied to its other places.
   // Returns an errno where the file could not be read (the record is then not sound either).
   auto decode = [&](int64_t g) -> int {
     const auto group = static_cast<size_t>(g);
     const int64_t t = order[static_cast<size_t>(first[group])];
-    const int64_t f = t % fields, r = t / fields, bytes = out_bytes[static_cast<size_t>(f)];
-    uint8_t* row = out[static_cast<size_t>(f)] + r * bytes;
+    const int64_t bytes = size_of(t);
+    uint8_t* dst = place(t);
     // The references come from memory or a file a writer may be rewriting: bound them before use.
     const int64_t length = len[t];
-    bool ok = st[r] > 0 && off[t] >= 0 && length > 0 && length <= log.bytes - kHeaderBytes;
+    bool ok = tag[t] > 0 && off[t] >= 0 && length > 0 && length <= log.bytes - kHeaderBytes;
     int error = 0;
     if (ok) {
       thread_local std::vector<uint8_t> scratch;
       const uint8_t* span = log.span(off[t], kHeaderBytes + length, scratch, &error);
       RecordHeader header{};
       if (span != nullptr) std::memcpy(&header, span, kHeaderBytes);
-      ok = span != nullptr && header.stamp == st[r] && header.length == length &&
-           decompress_record(span + kHeaderBytes, static_cast<size_t>(length), row, bytes);
+      ok = span != nullptr && header.stamp == tag[t] && header.length == length &&
+           decompress_record(span + kHeaderBytes, static_cast<size_t>(length), dst, bytes);
     }
-    if (!ok) std::memset(row, 0, static_cast<size_t>(bytes));
+    if (!ok) std::memset(dst, 0, static_cast<size_t>(bytes));
     sound[group] = ok;
-    for (int64_t k = first[group] + 1; k < first[group + 1]; ++k) {
-      const int64_t other = order[static_cast<size_t>(k)];
-      std::memcpy(out[static_cast<size_t>(f)] + (other / fields) * bytes, row, static_cast<size_t>(bytes));
-    }
+    for (int64_t k = first[group] + 1; k < first[group + 1]; ++k)
+      std::memcpy(place(order[static_cast<size_t>(k)]), dst, static_cast<size_t>(bytes));
     return error == -1 ? 0 : error;  // a file that ends early is a damaged record, not an I/O error
   };
   int error = 0;
@@ -262,30 +270,29 @@ py::array_t<int8_t> log_gather(py::handle log_obj, py::handle head_obj,
   for (int64_t g = 0; g < groups; ++g)
     if (!sound[static_cast<size_t>(g)])
       for (int64_t k = first[static_cast<size_t>(g)]; k < first[static_cast<size_t>(g) + 1]; ++k)
-        ok[order[static_cast<size_t>(k)] / fields] = 0;
+        ok[order[static_cast<size_t>(k)] / columns] = 0;
   for (int64_t t = 0; t < tasks; ++t)
-    if (head - log.bytes > off[t]) ok[t / fields] = 0;
+    if (head - log.bytes > off[t]) ok[t / columns] = 0;
   return intact;
 }
 
 }  // namespace
 
 void register_record_log(py::module_& m) {
-  m.def("log_append", &log_append, py::arg("log"), py::arg("head"), py::arg("records"), py::arg("stamps"),
-        "Appends ``records`` (bytes, row-major: row r's field f at r * fields + f) of rows to be published\n"
-        "with ``stamps`` to the circular ``log`` (a uint8 array, or ``(fd, bytes)``: a file written with\n"
-        "pwrite): one atomic add on ``head[0]`` reserves them all, each is copied after a 16-byte header\n"
-        "(its row's stamp, its length), wrapping at the log's end. Returns each record's absolute offset\n"
-        "(int64). GIL released while copying; OSError if the file cannot be written.");
+  m.def("log_append", &log_append, py::arg("log"), py::arg("head"), py::arg("records"), py::arg("tags"),
+        "Appends ``records`` (bytes) to the circular ``log`` (a uint8 array, or ``(fd, bytes)``: a file\n"
+        "written with pwrite): one atomic add on ``head[0]`` reserves them all, each is copied after a\n"
+        "16-byte header (its tag from ``tags``, one a record; its length), wrapping at the log's end.\n"
+        "Returns each record's absolute offset (int64). GIL released while copying; OSError if the file\n"
+        "cannot be written.");
   m.def(
       "log_gather", &log_gather, py::arg("log"), py::arg("head"), py::arg("offsets"), py::arg("lengths"),
-      py::arg("stamps"), py::arg("outs"), py::arg("threads") = 1,
-      "Decompresses the records at ``offsets``/``lengths`` ((rows, fields) int64) of rows whose stamps are\n"
-      "``stamps`` into ``outs`` (per field a (rows, bytes) uint8 array), GIL released, each distinct record\n"
-      "once: on the batch threads from a ``log`` in memory, on ``threads`` threads reading with pread from "
-      "a\n"
-      "log ``(fd, bytes)`` in a file (OSError if it cannot be read). Returns an int8 mask of the rows whose "
-      "records were all sound: header\n"
-      "naming the row's stamp and length, CRC and size right, and not overwritten (the head, re-read\n"
-      "after the copies, has not passed offset + len(log)). Unsound rows are zeros.");
+      py::arg("tags"), py::arg("outs"), py::arg("threads") = 1,
+      "Decompresses the records at ``offsets``/``lengths`` ((rows, columns) int64) whose headers must name\n"
+      "``tags`` (same shape) into ``outs`` (per column a (rows, bytes) uint8 array, rows any stride apart),\n"
+      "GIL released, each distinct record once: on the batch threads from a ``log`` in memory, on\n"
+      "``threads`` threads reading with pread from a log ``(fd, bytes)`` in a file (OSError if it cannot\n"
+      "be read). Returns an int8 mask of the rows whose records were all sound: header naming the tag and\n"
+      "length, CRC and size right, and not overwritten (the head, re-read after the copies, has not passed\n"
+      "offset + len(log)). Unsound records are zeros.");
 }

@@ -323,7 +323,7 @@ def test_reopen_drops_a_row_whose_references_are_damaged(transitions, tmp_path):
 def test_bad_options_are_refused_before_any_file(transitions, tmp_path):
     path = tmp_path / "buf"
     cases = [
-        ({"codec": "lz4", "frames": True}, "frames: de-duplicating frames needs a frame table"),
+        ({"codec": "lz4", "frames": True}, "storage='disk' does not store frames once"),
         ({"codec": "gzip"}, "unknown codec 'gzip'"),
         ({"codec": ("zstd", 12)}, "level must be an integer in \\[0, 9\\]"),
         ({"codec": "lz4", "byte_budget": 0}, "byte_budget must be a positive integer"),

@@ -225,7 +225,7 @@ def test_a_writer_killed_mid_add_loses_only_its_rows(transitions, tmp_path, stag
     [
         ({"codec": "snappy"}, "unknown codec 'snappy'"),
         ({"codec": ("lz4", 12)}, "level must be an integer"),
-        ({"codec": "lz4", "frames": True}, "storage_options frames"),
+        ({"codec": "lz4", "frames": ["reward"]}, "frames: field .reward. has no codec"),
         ({"codec": "lz4", "byte_budget": 0}, "byte_budget must be a positive integer"),
         ({"codec": "lz4", "byte_budget": -4096}, "byte_budget must be a positive integer"),
         ({"codec": "lz4", "byte_budget": 1.5e6}, "byte_budget must be a positive integer"),

@@ -11,9 +11,11 @@ the shared segment (:mod:`.shared_compressed`) or a file written with
   reserved; absolute position ``p`` lives at byte ``p % log_bytes``. A writer
   compresses its batch in its own process, reserves all its records' bytes
   with one atomic add on the head, and copies each record after a 16-byte
-  header (its row's stamp, its length), wrapping at the region's end
-  (``csrc/record_log.cpp``). The row keeps each record's absolute offset and
-  length; its stamp is published afterwards as for any ring row.
+  header (its *tag*: the stamp of the row that first writes it; its length),
+  wrapping at the region's end (``csrc/record_log.cpp``). The row keeps each
+  record's absolute offset and length (with frames, also the tag: a row may
+  reference a frame an earlier row of its writer wrote); its stamp is
+  published afterwards as for any ring row.
 * **FIFO**: the oldest bytes are overwritten first, like the ring's oldest
   rows. A record at offset ``o`` is gone once the head passes
   ``o + log_bytes``. With a budget of at least the capacity times the
@@ -22,7 +24,7 @@ the shared segment (:mod:`.shared_compressed`) or a file written with
   overwrites them: they are *evicted*.
 * **Reads** decompress a sampled row's records, then re-read the head
   (seqlock-style): a record read while a reservation passed its end may have
-  been overwritten, and is not served. The header (the row's stamp and
+  been overwritten, and is not served. The header (the reference's tag and
   length) and the record's CRC-32C also catch a writer that reserved long ago
   and copied only now, over newer records.
 
@@ -43,7 +45,7 @@ from hetero_replay._native import log_append, log_gather
 
 #: Bytes before the log's data: the head, alone on its cache line (writers contend for it).
 LOG_HEADER_BYTES = 64
-#: Bytes each record takes besides its own: the header (its row's stamp, its length).
+#: Bytes each record takes besides its own: the header (its tag, its length).
 RECORD_HEADER_BYTES = 16
 
 
@@ -83,35 +85,44 @@ class RecordLog:
         """Bytes ever reserved (the head): records at offsets below ``reserved - log_bytes`` are gone."""
         return int(self.head[0])
 
-    def append(self, records: Sequence[bytes], stamps: np.ndarray) -> np.ndarray:
-        """Copy ``records`` (row-major: row ``r``'s field ``f`` at ``r * fields + f``) of rows to be
-        published with ``stamps``; their absolute offsets (see the module's docstring)."""
-        return log_append(self._source, self.head, list(records), stamps)
+    def append(self, records: Sequence[bytes], tags: np.ndarray) -> np.ndarray:
+        """Copy ``records``, each under a header naming its tag (``tags``: one a record, or one a row of
+        row-major records, every row's fields under its row's stamp); their absolute offsets."""
+        tags = np.asarray(tags, np.int64)
+        if len(tags) and len(records) != len(tags):
+            tags = np.repeat(tags, len(records) // len(tags))
+        return log_append(self._source, self.head, list(records), tags)
 
     def gather(
         self,
         offsets: np.ndarray,
         lengths: np.ndarray,
-        stamps: np.ndarray,
+        tags: np.ndarray,
         outs: Sequence[np.ndarray],
         threads: int = 1,
     ) -> np.ndarray:
-        """Decompress the rows' records into ``outs`` (per field ``(rows, bytes)`` uint8); mask of sound rows.
+        """Decompress the rows' records into ``outs`` (per column ``(rows, bytes)`` uint8, rows any stride
+        apart); mask of sound rows.
 
-        ``offsets``, ``lengths``: ``(rows, fields)`` as the rows hold them; ``stamps``: the rows' stamps
-        as the reader saw them. A row is sound if every record's header names its stamp and length, the
-        record checks out (CRC, size) and the head had not passed it after the read. A log in a file is
-        read on ``threads`` threads (``pread``); one in memory is decoded on the batch threads.
+        ``offsets``, ``lengths``: ``(rows, columns)`` as the rows hold them; ``tags``: what each record's
+        header must name, ``(rows, columns)``, or the rows' stamps as the reader saw them (one a row, for
+        rows whose records their own stamp tags). A row is sound if every record's header names its tag
+        and length, the record checks out (CRC, size) and the head had not passed it after the read. A
+        log in a file is read on ``threads`` threads (``pread``); one in memory is decoded on the batch
+        threads.
         """
-        return log_gather(self._source, self.head, offsets, lengths, stamps, list(outs), threads).view(bool)
+        tags = np.asarray(tags, np.int64)
+        if tags.ndim == 1:
+            tags = np.repeat(tags[:, None], len(outs), axis=1)
+        return log_gather(self._source, self.head, offsets, lengths, tags, list(outs), threads).view(bool)
 
-    def record_at(self, offset: int, length: int, stamp: int) -> bytes | None:
-        """The record at absolute ``offset`` if its header names ``stamp`` and ``length`` (a copy), else None.
+    def record_at(self, offset: int, length: int, tag: int) -> bytes | None:
+        """The record at absolute ``offset`` if its header names ``tag`` and ``length`` (a copy), else None.
 
         Unchecked otherwise: the caller re-reads the head after copying, and decompresses it.
         """
         size = self.log_bytes
-        if stamp <= 0 or offset < 0 or not 0 < length <= size - RECORD_HEADER_BYTES:
+        if tag <= 0 or offset < 0 or not 0 < length <= size - RECORD_HEADER_BYTES:
             return None
         start, n = offset % size, RECORD_HEADER_BYTES + length
         first = min(n, size - start)
@@ -119,7 +130,7 @@ class RecordLog:
         if len(span) != n:  # a file that ends early
             return None
         header = np.frombuffer(span, np.int64, 2)
-        return span[RECORD_HEADER_BYTES:] if (int(header[0]), int(header[1])) == (stamp, length) else None
+        return span[RECORD_HEADER_BYTES:] if (int(header[0]), int(header[1])) == (tag, length) else None
 
     def _read(self, start: int, n: int) -> bytes:
         if self.data is not None:
@@ -131,9 +142,9 @@ class RecordLog:
 class Evictions:
     """Which committed rows of a ring lost their records to newer ones (the learner's side).
 
-    :meth:`track` is told a row's first record offset (its records are
-    contiguous) each time its records are written: a new row, or one rewritten
-    in place (its stamp kept). :meth:`expired` returns the tracked rows whose
+    :meth:`track` is told a row's oldest record offset (the first of its own
+    records; with frames, the oldest it references) each time its records are
+    written: a new row, or one rewritten in place (its stamp kept). :meth:`expired` returns the tracked rows whose
     current first record the head has passed and that still hold the stamp they
     had then; an entry a rewrite superseded is skipped. Entries are kept in
     chunks in poll order, each sorted by offset: writers reserve bytes in about

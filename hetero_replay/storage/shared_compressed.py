@@ -35,8 +35,12 @@ Checkpoints keep the records as they are, in the host storage's form
 live row's records are copied out of the log with the gather's checks; a row the log no longer
 holds is saved without records (and priority 0 by its owner), and never served after a load.
 
-Frame de-duplication (``frames``) is not offered here: it needs a table of
-frames shared by every writer process, which this lock-free log does not have.
+With ``frames``, each writer process stores each distinct frame of the pooled
+fields once in the log and rows reference one record per frame
+(:mod:`.log_frames`: no table is shared; each writer dedupes its own frames).
+A row then also keeps each reference's *tag*, which the record's header must
+name. Checkpoints of such a storage hold rows-mode records, each row's stack
+compressed again (see :meth:`CompressedSharedStorage.export_state`).
 """
 
 from __future__ import annotations
@@ -63,7 +67,9 @@ from hetero_replay.storage.codec import (
     parse_settings,
     settings_json,
 )
+from hetero_replay.storage.frames import pooled_fields
 from hetero_replay.storage.host import HostStorage, record_layout
+from hetero_replay.storage.log_frames import FrameRows, LogFrames, records_a_row, unit_bytes
 from hetero_replay.storage.record_log import RECORD_HEADER_BYTES, Evictions, RecordLog
 from hetero_replay.storage.ring import RingControl, RingOwner, RingReader, RingWriter, check_abandon_after
 from hetero_replay.storage.schema import Field, Schema
@@ -94,12 +100,13 @@ def log_options(
     the options checked: the one rule of ``storage="shared"`` and ``storage="disk"``.
 
     The default budget: the capacity times, per compressed field, a quarter of its raw bytes
-    (:data:`DEFAULT_BUDGET_FRACTION`) plus a record's overhead (52 bytes).
+    (:data:`DEFAULT_BUDGET_FRACTION`) plus a record's overhead (52 bytes); a field whose frames are
+    stored once (``frames``) counts one frame a row (a new row's stack typically adds one frame).
 
     Raises:
-        ValueError: ``frames`` given (no frame table is shared by writer processes), ``byte_budget`` without
-            a codec, a codec compressing no field, a byte budget that is not a positive integer (see also
-            :func:`~hetero_replay.storage.codec.field_codecs`).
+        ValueError: ``frames`` given to ``storage="disk"`` or naming a field without a codec (or without
+            frames), ``byte_budget`` without a codec, a codec compressing no field, a byte budget that is not
+            a positive integer (see also :func:`~hetero_replay.storage.codec.field_codecs`).
     """
     check_frames(frames, storage)
     if codec is None:
@@ -110,19 +117,21 @@ def log_options(
             f"storage_options codec={codec!r} compresses no field: a codec name goes to image fields (uint8, two "
             "dimensions or more) and this schema has none; name fields with codec={field: codec}"
         )
+    pooled = pooled_fields(schema, frames, list(codecs))
     if byte_budget is None:
         overhead = _BLOSC2_OVERHEAD + RECORD_HEADER_BYTES  # a record's bytes besides its data
-        share = sum(schema[n].item_bytes // DEFAULT_BUDGET_FRACTION + overhead for n in codecs)
-        return codecs, max(capacity * share, 2 * _worst_row(schema, codecs))
+        share = sum(unit_bytes(schema[n], n in pooled) // DEFAULT_BUDGET_FRACTION + overhead for n in codecs)
+        return codecs, max(capacity * share, 2 * _worst_row(schema, codecs, pooled))
     return codecs, check_byte_budget(byte_budget)
 
 
 def check_frames(frames: Any, storage: str) -> None:
-    """Refuse ``frames`` (anything but None or False) for a ring storage (``storage``: its name), saying why."""
-    if frames is not None and frames is not False:
+    """Refuse ``frames`` (anything but None or False) for ``storage="disk"``, saying why."""
+    if storage == "disk" and frames is not None and frames is not False:
         raise ValueError(
-            "storage_options frames: de-duplicating frames needs a frame table shared by every writer process, "
-            f"which storage={storage!r} does not have; use storage='host' for frames, or leave frames out"
+            "storage_options frames: storage='disk' does not store frames once (not built: its rows.dat holds "
+            "one record reference a field, which a reopen checks row by row); use storage='host' or 'shared' "
+            "for frames, or leave frames out"
         )
 
 
@@ -133,14 +142,17 @@ def check_byte_budget(byte_budget: Any) -> int:
     return int(byte_budget)
 
 
-def _worst_row(schema: Mapping[str, Field], codecs: Mapping[str, Codec]) -> int:
-    """Log bytes of a row whose fields do not compress at all."""
-    return sum(schema[n].item_bytes + _BLOSC2_OVERHEAD + RECORD_HEADER_BYTES for n in codecs)
+def _worst_row(schema: Mapping[str, Field], codecs: Mapping[str, Codec], pooled: Sequence[str] = ()) -> int:
+    """Log bytes of a row whose fields do not compress at all (nor share frames)."""
+    overhead = _BLOSC2_OVERHEAD + RECORD_HEADER_BYTES
+    return sum(schema[n].item_bytes + records_a_row(schema[n], n in pooled) * overhead for n in codecs)
 
 
-def adopt_rows(schema: Mapping[str, Field], codecs: Mapping[str, Codec], byte_budget: int) -> int:
+def adopt_rows(
+    schema: Mapping[str, Field], codecs: Mapping[str, Codec], byte_budget: int, pooled: Sequence[str] = ()
+) -> int:
     """Rows a restore appends at a time: few enough that they fit the log even uncompressed."""
-    return max(1, min(_ADOPT_ROWS, byte_budget // _worst_row(schema, codecs)))
+    return max(1, min(_ADOPT_ROWS, byte_budget // _worst_row(schema, codecs, pooled)))
 
 
 def oldest_first(position: int, size: int, capacity: int, chunk: int) -> Iterator[np.ndarray]:
@@ -151,20 +163,26 @@ def oldest_first(position: int, size: int, capacity: int, chunk: int) -> Iterato
 
 
 def records_to_adopt(
-    storage: Any, position: int, size: int, rows: Mapping[str, np.ndarray], packed: Mapping[str, Any]
+    storage: Any,
+    position: int,
+    size: int,
+    rows: Mapping[str, np.ndarray],
+    packed: Mapping[str, Any],
+    frames: bool = False,
 ) -> list[list[bytes | None]] | None:
     """The records ``storage`` (a compressed shared or disk storage) appends as they are in ``adopt_state``.
 
-    Records compressed alike (codec and level, no ``frames``) are returned per field of ``storage.codecs``, each
-    row's record or ``None``, after each was decompressed once to check it, and the storage's reader adopts
-    ``position`` and ``size``; otherwise the rows are decompressed and adopted here, and ``None`` is returned.
+    Records compressed alike (codec and level, no ``frames`` in the records nor in ``storage``: ``frames``
+    says whether it stores frames once) are returned per field of ``storage.codecs``, each row's record or
+    ``None``, after each was decompressed once to check it, and the storage's reader adopts ``position``
+    and ``size``; otherwise the rows are decompressed and adopted here, and ``None`` is returned.
 
     Raises:
         ValueError: the records are wrong (see :meth:`~hetero_replay.storage.codec.CompressedFields.adopt`).
     """
     codecs, pooled, _ = parse_settings(storage.schema, packed.get("settings"))
     source = CompressedFields.restored(storage.schema, packed, size)  # checks every record
-    if codecs != storage.codecs or pooled:
+    if codecs != storage.codecs or pooled or frames:
         arrays = dict(rows)
         arrays.update(source.gather(np.arange(size, dtype=np.int64), list(codecs)))
         storage.adopt(position, size, arrays)
@@ -244,25 +262,37 @@ class CompressedSegment:
     """One process's view of a compressed shared segment: control block, rows, references and log.
 
     Writer processes open it by ``path`` (what :meth:`CompressedSharedStorage.writer` pickles); the
-    owner passes the ``control`` block it created.
+    owner passes the ``control`` block it created. ``frames``: the fields whose frames are stored once
+    (:mod:`.log_frames`); a row then holds a reference (offset, length, tag) per frame of them.
     """
 
     def __init__(
-        self, path: str, codecs: Mapping[str, Any], log_bytes: int, control: RingControl | None = None
+        self,
+        path: str,
+        codecs: Mapping[str, Any],
+        log_bytes: int,
+        control: RingControl | None = None,
+        frames: Sequence[str] = (),
     ) -> None:
         self.control = RingControl.attach(path) if control is None else control
         try:
             self.codecs = field_codecs(self.control.schema, dict(codecs))
             self.capacity = self.control.capacity
-            raw = {n: f for n, f in self.control.schema.items() if n not in self.codecs}
+            fields = dict(self.control.schema.items())
+            raw = {n: f for n, f in fields.items() if n not in self.codecs}
             self.control.check_row_bytes(record_layout(raw)[1])
-            rows_bytes, refs_bytes, log_at = _layout(self.capacity, self.control.row_bytes, len(self.codecs))
+            self.pooled = list(frames)
+            width = sum(records_a_row(fields[n], n in self.pooled) for n in self.codecs)
+            planes = 3 if self.pooled else 2  # offset, length (and the tag, with frames)
+            rows_bytes, refs_bytes, log_at = _layout(self.capacity, self.control.row_bytes, planes * width)
             payload = self.control.payload(log_at + RecordLog.region_bytes(log_bytes))
             self.rows = HostStorage(
                 self.capacity, raw, records=payload[:rows_bytes].reshape(self.capacity, self.control.row_bytes)
             )
-            refs = payload[rows_bytes : rows_bytes + refs_bytes].view(np.int64).reshape(self.capacity, 2, -1)
-            self.offsets, self.lengths = refs[:, 0], refs[:, 1]  # (capacity, fields) each
+            refs = payload[rows_bytes : rows_bytes + refs_bytes].view(np.int64).reshape(self.capacity, planes, width)
+            self.offsets, self.lengths = refs[:, 0], refs[:, 1]  # (capacity, columns) each
+            #: Each reference's tag with frames (None without: a row's records are tagged with its stamp).
+            self.tags = refs[:, 2] if self.pooled else None
             self.log = RecordLog(payload[log_at:], log_bytes)
             if control is not None:  # the owner: the log's size, which writers check they agree with
                 self.log.words[1] = log_bytes
@@ -274,32 +304,50 @@ class CompressedSegment:
             if control is None:
                 self.control.close()
             raise
-        self._column = {n: i for i, n in enumerate(self.codecs)}
-        self._fields = dict(self.control.schema.items())
+        self._fields = fields
+        #: This process's frames (None without ``frames``): the map of the frames it wrote lately.
+        self.frames = LogFrames(fields, self.codecs, self.pooled, self.log) if self.pooled else None
+        #: Each compressed field's reference columns.
+        self.columns = (
+            self.frames.columns
+            if self.frames is not None
+            else {n: np.array([i], np.int64) for i, n in enumerate(self.codecs)}
+        )
 
-    def encode(self, arrays: Mapping[str, np.ndarray]) -> EncodedRows:
-        """Compress the compressed fields among ``arrays`` (validated rows); changes nothing (:func:`encode_rows`)."""
+    def encode(self, arrays: Mapping[str, np.ndarray]) -> EncodedRows | FrameRows:
+        """Compress the compressed fields among ``arrays`` (validated rows) (:func:`encode_rows`; with frames,
+        :meth:`LogFrames.encode`); changes nothing."""
+        if self.frames is not None:
+            return self.frames.encode(arrays)
         return encode_rows(self.codecs, arrays, self.log.log_bytes)
 
     def write_rows(self, first: int, encoded: Any, taken: np.ndarray | None) -> None:
         """Write the rows of tickets ``first + k`` (all, or where ``taken[k]``): records, references, raw fields.
 
-        ``encoded``: the :class:`EncodedRows` :meth:`encode` made of them (the ring's ``append`` encodes first).
+        ``encoded``: what :meth:`encode` made of them (the ring's ``append`` encodes first).
         """
         picked = np.arange(encoded.rows, dtype=np.int64) if taken is None else np.flatnonzero(taken)
         self.put_records((first + picked) % self.capacity, first + picked + 1, encoded, picked)
         _write_taken(self.rows, self.capacity, first, encoded.raw, taken)
 
-    def put(self, start: int, encoded: EncodedRows, stamps: np.ndarray) -> None:
+    def put(self, start: int, encoded: EncodedRows | FrameRows, stamps: np.ndarray) -> None:
         """Write rows at slots ``start, start + 1, ...`` whose stamps are (or will be) ``stamps`` (the owner's)."""
         picked = np.arange(len(stamps), dtype=np.int64)
         self.put_records((start + picked) % self.capacity, stamps, encoded, picked)
         if encoded.raw:
             self.rows.write(start, encoded.raw)
 
-    def put_records(self, slots: np.ndarray, stamps: np.ndarray, encoded: EncodedRows, picked: np.ndarray) -> None:
+    def put_records(
+        self, slots: np.ndarray, stamps: np.ndarray, encoded: EncodedRows | FrameRows, picked: np.ndarray
+    ) -> None:
         """Append the records of rows ``picked`` of ``encoded`` (at ``slots``, stamps ``stamps``) and reference them."""
         if not encoded.names or not len(picked):
+            return
+        if isinstance(encoded, FrameRows):
+            assert self.frames is not None and self.tags is not None
+            refs = self.frames.write(encoded, picked, stamps)
+            where = (slots[:, None], encoded.columns)
+            self.offsets[where], self.lengths[where], self.tags[where] = refs[:, 0], refs[:, 1], refs[:, 2]
             return
         fields = len(encoded.names)
         records = (
@@ -309,7 +357,7 @@ class CompressedSegment:
         )
         offsets = self.log.append(records, stamps).reshape(len(picked), fields)
         lengths = np.fromiter(map(len, records), np.int64, len(records)).reshape(len(picked), fields)
-        columns = [self._column[n] for n in encoded.names]
+        columns = np.concatenate([self.columns[n] for n in encoded.names])
         self.offsets[slots[:, None], columns] = offsets
         self.lengths[slots[:, None], columns] = lengths
 
@@ -318,28 +366,36 @@ class CompressedSegment:
     ) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Compressed fields ``names`` of rows ``slots`` whose stamps were ``stamps``; mask of rows sound.
 
-        A row whose records are gone (evicted) or damaged reads as zeros and is not sound.
+        A row whose records are gone (evicted) or damaged reads as zeros and is not sound. With frames,
+        each frame is a column decoded into its place in the field's rows (each distinct record once).
         """
         n = len(slots)
         out = {name: np.empty((n, *self._fields[name].shape), self._fields[name].dtype) for name in names}
         if not names:
             return out, np.ones(n, bool)
-        columns = [self._column[name] for name in names]
+        columns = np.concatenate([self.columns[name] for name in names])
+        places = []  # per column, its (rows, bytes) view of the out arrays
+        for name in names:
+            k = len(self.columns[name])
+            per = out[name].view(np.uint8).reshape(n, k, self._fields[name].item_bytes // k)
+            places += [per[:, c] for c in range(k)]
+        tags = np.ascontiguousarray(stamps, np.int64) if self.tags is None else self.tags[slots][:, columns]
         sound = self.log.gather(
             np.ascontiguousarray(self.offsets[slots][:, columns]),
             np.ascontiguousarray(self.lengths[slots][:, columns]),
-            np.ascontiguousarray(stamps, np.int64),
-            [out[name].reshape(n, -1).view(np.uint8) for name in names],
+            tags,
+            places,
         )
         return out, sound
 
     def copy_records(self, slots: np.ndarray, stamps: np.ndarray) -> dict[str, list[bytes | None]]:
-        """The records of rows ``slots`` (whose stamps were ``stamps``) copied out of the log (:func:`copy_records`)."""
+        """The records of rows ``slots`` (whose stamps were ``stamps``) copied out of the log (:func:`copy_records`);
+        without frames only (a row's records are then its fields' rows)."""
         offsets, lengths = self.offsets[slots], self.lengths[slots]  # copies: writers may rewrite them
         return copy_records(self.log, self._fields, list(self.codecs), offsets, lengths, stamps)
 
     def close(self) -> None:
-        self.rows = self.log = self.offsets = self.lengths = None  # type: ignore[assignment]
+        self.rows = self.log = self.offsets = self.lengths = self.tags = self.frames = None  # type: ignore[assignment]
         self.control.close()
 
 
@@ -356,7 +412,8 @@ class CompressedSharedStorage(RingOwner):
             record's overhead (52 bytes).
             Less than the capacity times the mean bytes a row takes evicts the oldest rows (see the
             module's docstring).
-        frames: not supported here (``ValueError`` if given).
+        frames: the compressed fields whose frames (their last two dimensions) are stored once (``True``: every
+            compressed image field; see :mod:`.log_frames`), each writer process deduping its own.
         dir: directory of the segment file (as :class:`~hetero_replay.storage.shared.SharedStorage`).
         abandon_after: as :class:`~hetero_replay.storage.shared.SharedStorage`.
     """
@@ -375,17 +432,20 @@ class CompressedSharedStorage(RingOwner):
         abandon_after = check_abandon_after(abandon_after)
         schema = schema if isinstance(schema, Schema) else Schema(schema)
         codecs, self.byte_budget = log_options(capacity, schema, codec, byte_budget, frames, "shared")
-        self._adopt_rows = adopt_rows(schema, codecs, self.byte_budget)
+        #: The fields whose frames are stored once (checked by log_options).
+        self.pooled = pooled_fields(schema, frames, list(codecs))
+        self._adopt_rows = adopt_rows(schema, codecs, self.byte_budget, self.pooled)
         raw = {n: f for n, f in schema.items() if n not in codecs}
         row_bytes = record_layout(raw)[1]
-        _, _, log_at = _layout(capacity, row_bytes, len(codecs))
+        width = sum(records_a_row(schema[n], n in self.pooled) for n in codecs)
+        _, _, log_at = _layout(capacity, row_bytes, (3 if self.pooled else 2) * width)
         payload = log_at + RecordLog.region_bytes(self.byte_budget)
         directory = _segment_dir(dir, payload)
         path = os.path.join(directory, f"hetero-replay-{os.getpid()}-{secrets.token_hex(6)}.ring")
         control = RingControl.create(path, capacity, schema, row_bytes, payload_bytes=payload)
         self._remove = weakref.finalize(self, _remove_segment, path, os.getpid())
         self._codec_spec = {n: [c.name, c.level] for n, c in codecs.items()}
-        self.segment = CompressedSegment(path, self._codec_spec, self.byte_budget, control=control)
+        self.segment = CompressedSegment(path, self._codec_spec, self.byte_budget, control=control, frames=self.pooled)
         self.control = control
         self.capacity, self.schema, self.path = int(capacity), schema, path
         self.codecs: dict[str, Codec] = self.segment.codecs
@@ -402,20 +462,21 @@ class CompressedSharedStorage(RingOwner):
 
     @property
     def bytes_per_row(self) -> float:
-        """Mean log bytes (records and headers) of the rows held now: capacity times this is a budget that evicts nothing."""
+        """Mean log bytes (records and headers) of the rows held now, each record counted once (rows share
+        frames): capacity times this is a budget that evicts nothing."""
         held = self.reader.seen > 0
         if not held.any():
             return 0.0
-        return float(
-            (self.segment.lengths[held].sum() + RECORD_HEADER_BYTES * len(self.codecs) * held.sum()) / held.sum()
-        )
+        offsets, lengths = self.segment.offsets[held].ravel(), self.segment.lengths[held].ravel()
+        first = np.unique(offsets[lengths > 0], return_index=True)[1]
+        return float((lengths[lengths > 0][first] + RECORD_HEADER_BYTES).sum() / held.sum())
 
     @property
     def nbytes(self) -> int:
         """Bytes of the segment file (what the buffer takes in RAM once written)."""
         return os.path.getsize(self.path)
 
-    def encode(self, arrays: Mapping[str, np.ndarray]) -> EncodedRows:
+    def encode(self, arrays: Mapping[str, np.ndarray]) -> EncodedRows | FrameRows:
         return self.segment.encode(arrays)
 
     def write_rows(self, first: int, encoded: Any, taken: np.ndarray | None) -> None:
@@ -500,18 +561,24 @@ class CompressedSharedStorage(RingOwner):
         has no records (an empty one in each field): it is not served, and its owner saves it with
         priority 0 (:func:`~hetero_replay.storage.codec.absent_rows`). Always copies (``copy`` is for
         the protocol): other processes go on writing the segment.
+
+        With frames, each row's fields are decoded (the gather's checks) and compressed again as one
+        record a row (the form without ``frames``, which every storage loads), and no ``byte_budget``
+        is saved (the log's size bounds frames, not these records): the log's frame records are shared
+        across rows, and a writer may have written a frame twice, so they are not the host's frames.
         """
         slots = np.arange(count, dtype=np.int64)
         stamps = self.reader.seen[:count].copy()
         rows = self.rows_of(slots)
-        records = self.segment.copy_records(slots, stamps)
+        records = self.segment.copy_records(slots, stamps) if not self.pooled else self._recompressed(slots, stamps)
         torn = np.flatnonzero(~self.reader.intact(slots))
         arrays: dict[str, np.ndarray] = {}
         for name, held in records.items():
             for r in torn.tolist():
                 held[r] = None
             arrays[f"{name}/records"], arrays[f"{name}/offsets"] = record_arrays.join(held)
-        return rows, {"settings": settings_json(self.codecs, [], self.byte_budget), "arrays": arrays}
+        budget = None if self.pooled else self.byte_budget  # the log's size bounds frames, not these records
+        return rows, {"settings": settings_json(self.codecs, [], budget), "arrays": arrays}
 
     def adopt_state(self, position: int, size: int, rows: Mapping[str, np.ndarray], packed: Mapping[str, Any]) -> None:
         """:meth:`adopt` of rows in :meth:`export_state`'s form. Records compressed alike (codec and level,
@@ -521,7 +588,7 @@ class CompressedSharedStorage(RingOwner):
         Raises:
             ValueError: the records are wrong (see :meth:`~hetero_replay.storage.codec.CompressedFields.adopt`).
         """
-        held = records_to_adopt(self, position, size, rows, packed)
+        held = records_to_adopt(self, position, size, rows, packed, frames=bool(self.pooled))
         if held is None:
             return
         names = list(self.codecs)
@@ -534,6 +601,18 @@ class CompressedSharedStorage(RingOwner):
             encoded = EncodedRows(len(slots), {}, names, records)
             self.segment.put_records(slots[picked], self.control.stamps[slots[picked]], encoded, picked)
             self._track(slots[picked])
+
+    def _recompressed(self, slots: np.ndarray, stamps: np.ndarray) -> dict[str, list[bytes | None]]:
+        """Rows ``slots`` (whose stamps were ``stamps``) of each compressed field as one record a row, compressed
+        again from the rows decoded, :data:`_ADOPT_ROWS` at a time; ``None`` for a row whose records were unsound."""
+        records: dict[str, list[bytes | None]] = {name: [] for name in self.codecs}
+        for lo in range(0, len(slots), _ADOPT_ROWS):
+            chunk = slots[lo : lo + _ADOPT_ROWS]
+            out, sound = self.segment.decode(chunk, stamps[lo : lo + _ADOPT_ROWS], list(self.codecs))
+            for name, codec in self.codecs.items():
+                fresh = compress_rows(out[name].reshape(len(chunk), -1).view(np.uint8), codec.name, codec.level)
+                records[name] += [r if ok else None for r, ok in zip(fresh, sound.tolist())]
+        return records
 
     def _track(self, slots: np.ndarray) -> None:
         """Rows restored at ``slots``: their records' offsets, so that the poll finds them if evicted."""
@@ -550,7 +629,7 @@ class CompressedSharedStorage(RingOwner):
 
     def writer(self) -> RingWriter:
         """A picklable handle actor processes add rows with (see :class:`RingWriter`)."""
-        location = {"path": self.path, "codecs": self._codec_spec, "log_bytes": self.byte_budget}
+        location = {"path": self.path, "codecs": self._codec_spec, "log_bytes": self.byte_budget, "frames": self.pooled}
         return RingWriter(CompressedSegment, location, self.schema, self.capacity)
 
     def close(self) -> None:
@@ -564,9 +643,10 @@ class CompressedSharedStorage(RingOwner):
         return f"CompressedSharedStorage({self.path!r}, capacity={self.capacity}, byte_budget={self.byte_budget})"
 
 
-def _layout(capacity: int, row_bytes: int, fields: int) -> tuple[int, int, int]:
-    """Bytes of the rows and of the references, and where the log starts (on its own cache line)."""
-    rows_bytes, refs_bytes = capacity * row_bytes, capacity * 2 * fields * 8
+def _layout(capacity: int, row_bytes: int, words: int) -> tuple[int, int, int]:
+    """Bytes of the rows and of the references (``words`` int64 a row), and where the log starts (on its own
+    cache line)."""
+    rows_bytes, refs_bytes = capacity * row_bytes, capacity * words * 8
     return rows_bytes, refs_bytes, -(-(rows_bytes + refs_bytes) // _LINE) * _LINE
 
 
