@@ -258,6 +258,37 @@ def test_a_small_log_evicts_the_oldest_rows_and_re_emits_old_frames(streams, tab
     buf.close()
 
 
+def test_rows_rewritten_in_place_reference_their_new_frames(streams, tmp_path):
+    """The owner's write_rows (stamps kept): a field rewritten gets new references, the others keep theirs;
+    the row is tracked by the oldest of all, so it is evicted once its unchanged field's frames are gone."""
+    cap = 16
+    buf = make(cap, tmp_path, byte_budget=24_000)
+    a, b = streams[0], streams[1]
+    buf.add(pick(a, np.arange(cap)))
+    buf.sample(4)
+    buf.write_rows(0, {"obs": b["obs"][:8]})  # obs from another stream, next_obs kept
+    buf.write_rows(8, {"obs": b["obs"][40:48], "next_obs": b["next_obs"][40:48]})
+    held = buf.storage.gather(np.arange(cap))
+    np.testing.assert_array_equal(held["obs"], np.concatenate([b["obs"][:8], b["obs"][40:48]]))
+    np.testing.assert_array_equal(held["next_obs"], np.concatenate([a["next_obs"][:8], b["next_obs"][40:48]]))
+    np.testing.assert_array_equal(held["action"], a["action"][:cap])
+    buf.sample(4)
+    assert buf.storage.evicted_rows == 0 and (buf.leaves() > 0).all()
+    # Slots 8-15 rewritten with rows further on until the log has passed the next_obs frames of slots 0-7.
+    log, oldest = buf.storage.segment.log, buf.storage.segment.offsets[:8].min(axis=1).max()
+    lo = 48
+    while log.reserved - log.log_bytes <= oldest:
+        lo += 8
+        buf.write_rows(8, {"obs": b["obs"][lo : lo + 8], "next_obs": b["next_obs"][lo : lo + 8]})
+    for _ in range(10):
+        s = buf.sample(16)
+        assert (s.indices >= 8).all()
+        np.testing.assert_array_equal(s.data["obs"], b["obs"][lo + s.indices - 8])
+    assert buf.storage.evicted_rows == 8
+    np.testing.assert_array_equal(np.flatnonzero(buf.leaves() == 0), np.arange(8))
+    buf.close()
+
+
 def test_checkpoints_round_trip_bit_for_bit_between_host_and_shared(streams, table, tmp_path):
     """shared frames -> file -> host and shared frames; host frames -> file -> shared frames: the same rows,
     priorities and draws. A row whose records the log no longer held is saved without records, priority 0."""
