@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import platform
 import resource
 import sys
@@ -256,18 +257,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results["command"] = "python benchmarks/bench_compression_million.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
-    results["machine"] = {"python": platform.python_version(), "processor": platform.processor(), "cpus": _cpus()}
+    results["machine"] = {
+        "python": platform.python_version(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+    }
     text = json.dumps(results, indent=2)
     print(text)
     if a.out:
         a.out.write_text(text + "\n")
     return results
-
-
-def _cpus() -> int | None:
-    import os
-
-    return os.cpu_count()
 
 
 if __name__ == "__main__":
