@@ -111,27 +111,35 @@ uint8_t compcode_of(const std::string& codec) {
   throw py::value_error("codec must be 'lz4' or 'zstd', got '" + codec + "'");
 }
 
-// One compression context per thread and setting: a context is not thread-safe, and making one per row
-// would allocate on every add.
-blosc2_context* compression_context(uint8_t compcode, int level) {
+// Compression contexts per thread and setting, kept: a context is not thread-safe, and making one per row
+// would allocate on every add. The row size is part of the setting: a context keeps the block size it chose
+// for its first rows, so one made for 7 KB frames would pack 28 KB stacks about 2x larger. A few settings
+// (a frame pool's frames and a field's stacks) alternate in one process, hence a small cache, oldest out.
+blosc2_context* compression_context(uint8_t compcode, int level, int64_t row_bytes) {
   struct Cached {
     uint8_t compcode = 0;
     int level = -1;
+    int64_t row_bytes = -1;
     blosc2_context* ctx = nullptr;
   };
-  thread_local Cached cached;
-  if (cached.ctx == nullptr || cached.compcode != compcode || cached.level != level) {
-    if (cached.ctx != nullptr) blosc2_free_ctx(cached.ctx);
-    blosc2_cparams params = BLOSC2_CPARAMS_DEFAULTS;
-    params.compcode = compcode;
-    params.clevel = static_cast<uint8_t>(level);
-    params.typesize = 1;  // bytes: a shuffle would have nothing to reorder
-    params.nthreads = 1;  // rows are parallel tasks; no thread inside Blosc2
-    params.filters[BLOSC2_MAX_FILTERS - 1] = BLOSC_NOSHUFFLE;
-    cached = {compcode, level, blosc2_create_cctx(params)};
-    if (cached.ctx == nullptr) throw std::runtime_error("blosc2_create_cctx failed");
-  }
-  return cached.ctx;
+  constexpr size_t kKept = 4;
+  thread_local std::array<Cached, kKept> cache{};
+  thread_local size_t oldest = 0;
+  for (const Cached& c : cache)
+    if (c.ctx != nullptr && c.compcode == compcode && c.level == level && c.row_bytes == row_bytes)
+      return c.ctx;
+  Cached& slot = cache[oldest];
+  oldest = (oldest + 1) % kKept;
+  if (slot.ctx != nullptr) blosc2_free_ctx(slot.ctx);
+  blosc2_cparams params = BLOSC2_CPARAMS_DEFAULTS;
+  params.compcode = compcode;
+  params.clevel = static_cast<uint8_t>(level);
+  params.typesize = 1;  // bytes: a shuffle would have nothing to reorder
+  params.nthreads = 1;  // rows are parallel tasks; no thread inside Blosc2
+  params.filters[BLOSC2_MAX_FILTERS - 1] = BLOSC_NOSHUFFLE;
+  slot = {compcode, level, row_bytes, blosc2_create_cctx(params)};
+  if (slot.ctx == nullptr) throw std::runtime_error("blosc2_create_cctx failed");
+  return slot.ctx;
 }
 
 blosc2_context* decompression_context() {
@@ -163,9 +171,10 @@ py::list compress_rows(const RowArray& rows, const std::string& codec, int level
     parallel_for(n, TaskPool::instance().threads(), [&](int64_t i) {
       std::vector<uint8_t>& rec = out[static_cast<size_t>(i)];
       rec.resize(kCrcBytes + static_cast<size_t>(row_bytes) + BLOSC2_MAX_OVERHEAD);
-      const int size = blosc2_compress_ctx(compression_context(compcode, level), src + i * row_bytes,
-                                           static_cast<int32_t>(row_bytes), rec.data() + kCrcBytes,
-                                           static_cast<int32_t>(rec.size() - kCrcBytes));
+      const int size =
+          blosc2_compress_ctx(compression_context(compcode, level, row_bytes), src + i * row_bytes,
+                              static_cast<int32_t>(row_bytes), rec.data() + kCrcBytes,
+                              static_cast<int32_t>(rec.size() - kCrcBytes));
       if (size <= 0) {
         failed[static_cast<size_t>(i)] = size;
         return;

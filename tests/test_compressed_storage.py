@@ -203,6 +203,16 @@ def test_repeated_indices_are_served_once_and_every_position_of_a_damaged_record
                 assert not out[i].any()
 
 
+def test_records_of_a_row_size_do_not_depend_on_the_sizes_compressed_before(transitions):
+    """A compression context keeps the block size it chose first: one per row size, or stacks pack ~2x larger
+    once the thread has compressed frames (a frame pool's)."""
+    stacks = transitions["obs"][:40].reshape(40, -1)
+    frames = transitions["obs"][:40].reshape(-1, 84 * 84)
+    for codec in ("lz4", "zstd"):
+        first = [len(r) for r in compress_rows(stacks, codec, 1)]
+        compress_rows(frames, codec, 1)
+        assert [len(r) for r in compress_rows(stacks, codec, 1)] == first
+
 def test_several_fields_decompress_in_one_call_and_report_damage_per_field(transitions):
     """``decompress_fields``: each source's rows at the same indices, field f's row i at f * n + i."""
     obs, nxt = transitions["obs"][:6].reshape(6, -1), transitions["next_obs"][:6].reshape(6, -1)
