@@ -63,8 +63,9 @@ class TaskPool {
     const int helpers = static_cast<int>(std::min<int64_t>(max_threads, n)) - 1;
     std::unique_lock<std::mutex> submit(submit_mutex_, std::try_to_lock);
     if (helpers <= 0 || !submit.owns_lock() || serial_left_ > 0) {  // serial, pool busy, or backing off
-      if (helpers > 0 && submit.owns_lock()) --serial_left_;
+      const bool last = helpers > 0 && submit.owns_lock() && --serial_left_ == 0;
       for (int64_t i = 0; i < n; ++i) fn(i);
+      if (last) wake_for_next(helpers);
       return;
     }
     ensure_workers(helpers);
@@ -165,6 +166,23 @@ class TaskPool {
     } else {
       backoff_ = 0;
     }
+  }
+
+  // The back-off ends with this call: the next one decides whether running in parallel pays, so its
+  // workers must be awake for it. Asleep after the serial calls, they would take longer to wake than a
+  // small job lasts, that call would not pay, and the pool would stay serial on a quiet machine (seen
+  // as runs whose batch calls all ran at one thread's speed). An empty job wakes them; they then spin
+  // (kSpin) until the next job. Called holding submit_mutex_.
+  void wake_for_next(int helpers) {
+    {
+      std::lock_guard<std::mutex> lock(job_mutex_);
+      job_ = Job();
+      job_.helpers = helpers;
+      job_.generation = ++generation_;
+      next_.store(pack(job_.generation, 0), std::memory_order_release);
+      published_.store(job_.generation, std::memory_order_release);
+    }
+    wake_.notify_all();
   }
 
   // Runs one item; keeps the job's first exception for the caller to rethrow.

@@ -237,6 +237,10 @@ class CompressedFields:
         self.byte_budget = None if byte_budget is None else int(byte_budget)
         self._fields = {n: fields[n] for n in codecs}
         self._records: dict[str, list[bytes | None]] = {n: [None] * capacity for n in codecs if n not in pooled}
+        #: The fields of one record a row, grouped by shape and dtype: a group decompresses in one native call.
+        self._alike: dict[Field, list[str]] = {}
+        for name in self._records:
+            self._alike.setdefault(self._fields[name], []).append(name)
         pool_codec = self.codecs[pooled[0]] if pooled else None
         #: The pooled fields' frames (None unless ``frames`` names some).
         self.pool = (
@@ -300,19 +304,17 @@ class CompressedFields:
         pooled = [name for name in names if name not in self._records]
         if pooled:
             out, damaged = self.pool.gather(indices, pooled)  # type: ignore[union-attr]
-        rows = [n for n in names if n in self._records]
-        n = len(indices)
-        for like in dict.fromkeys(self._fields[name] for name in rows):  # fields alike share one native call
-            group = [name for name in rows if self._fields[name] == like]
+        n, wanted = len(indices), set(names)
+        for like, alike in self._alike.items():
+            group = [name for name in alike if name in wanted]
+            if not group:
+                continue
             block = np.empty((len(group), n, *like.shape), like.dtype)  # each field a C-contiguous view
             sources = [self._records[name] for name in group]
-            bad = np.asarray(
-                decompress_fields(sources, indices, block.reshape(len(group) * n, -1).view(np.uint8)), np.int64
-            )
+            bad = decompress_fields(sources, indices, block.reshape(len(group) * n, -1).view(np.uint8))
             out.update(zip(group, block))
-            damaged.update(
-                {name: sorted(set(indices[bad[bad // n == k] % n].tolist())) for k, name in enumerate(group)}
-            )
+            for k, name in enumerate(group):
+                damaged[name] = sorted({int(indices[p % n]) for p in bad if p // n == k})
         for name in names:
             if damaged[name]:
                 raise DamagedRecordError(f"field {name!r}: the compressed records of slots {damaged[name]} are damaged")
