@@ -45,18 +45,20 @@ def fill(buf: PrioritizedReplayBuffer, n_envs: int, steps: int) -> None:
         buf.add(obs, nxt, np.full((n_envs, 1), t % 6), np.ones(n_envs, np.float32), done, [{}] * n_envs)
 
 
-@pytest.mark.parametrize("compress", ["zstd", ("lz4", 1)])
-def test_batches_equal_the_raw_buffers(compress):
+@pytest.mark.parametrize(("compress", "storage"), [("zstd", "host"), (("lz4", 1), "host"), ("lz4", "shared")])
+def test_batches_equal_the_raw_buffers(compress, storage):
     raw = PrioritizedReplayBuffer(64, OBS, ACT, device="cpu", n_envs=2, seed=4)
-    packed = PrioritizedReplayBuffer(64, OBS, ACT, device="cpu", n_envs=2, seed=4, compress=compress)
+    packed = PrioritizedReplayBuffer(64, OBS, ACT, device="cpu", n_envs=2, seed=4, compress=compress, storage=storage)
     for buf in (raw, packed):
         fill(buf, 2, 90)  # 180 rows into 64: wrapped
     a, b = raw.sample(256), packed.sample(256)
     for name in ("observations", "next_observations", "actions", "rewards", "dones", "weights"):
         np.testing.assert_array_equal(getattr(b, name).numpy(), getattr(a, name).numpy(), err_msg=name)
-    compressed = packed._replay.storage.compressed
-    assert compressed.bytes_used * 20 < 64 * 2 * OBS.shape[0] * 84 * 84  # > 20x smaller than the raw rows
+    stored = packed._replay.storage
+    held = stored.compressed.bytes_used if storage == "host" else stored.bytes_per_row * 64 * 2
+    assert held * 20 < 64 * 2 * OBS.shape[0] * 84 * 84  # > 40x smaller than the raw rows (obs and next_obs)
     np.testing.assert_array_equal(packed.observations[5], raw.observations[5])
+    packed.close()
 
 
 def test_dict_buffer_compresses_its_image_keys_only():
@@ -66,8 +68,8 @@ def test_dict_buffer_compresses_its_image_keys_only():
 
 
 def test_bad_compress_is_refused_before_anything_is_built():
-    with pytest.raises(ValueError, match=r"compress= keeps rows compressed in host memory: it needs storage='host'"):
-        PrioritizedReplayBuffer(16, OBS, ACT, storage="shared", compress="zstd")
+    with pytest.raises(ValueError, match=r"compress= keeps rows compressed in memory.*storage='host' or 'shared'"):
+        PrioritizedReplayBuffer(16, OBS, ACT, storage="disk", storage_options={"path": "unused"}, compress="zstd")
     with pytest.raises(ValueError, match=r"compress= and storage_options' codec/frames both choose the codec"):
         PrioritizedReplayBuffer(16, OBS, ACT, storage_options={"codec": "lz4"}, compress="zstd")
     with pytest.raises(ValueError, match=r"codec: unknown codec 'brotli'"):

@@ -185,7 +185,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             ``"shared"`` or ``"disk"`` buffer at their own pace. With ``distributed=``, give it there
             (``distributed=dict(num_shards=2, rate_limiter=...)``).
         compress: keep image observations (uint8, two dimensions or more) compressed, each distinct
-            frame once: ``"zstd"`` or ``"lz4"``, or ``(name, level)``; ``storage="host"`` only.
+            frame once: ``"zstd"`` or ``"lz4"``, or ``(name, level)``; ``storage="host"`` or ``"shared"``.
             Shorthand for ``storage_options=dict(codec=compress, frames=True)`` (docs/compression.md).
         weight_norm: what the IS weights are divided by: ``"global"`` (the default, PER's rule) their
             maximum over the whole buffer, so a weight means the same in every batch; ``"batch"`` the
@@ -1040,8 +1040,11 @@ def _close_unclosed(buffer_class: type[PrioritizedReplayBuffer], state: dict[str
 
 def _compressed_options(compress: Any, storage: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
     """``storage_options`` with the image fields compressed by ``compress`` and their frames stored once."""
-    if storage != "host":
-        raise ValueError(f"compress= keeps rows compressed in host memory: it needs storage='host', got {storage!r}")
+    if storage not in ("host", "shared"):
+        raise ValueError(
+            f"compress= keeps rows compressed in memory, each frame once: it needs storage='host' or 'shared', "
+            f"got {storage!r}"
+        )
     if storage_options and ("codec" in storage_options or "frames" in storage_options):
         raise ValueError("compress= and storage_options' codec/frames both choose the codec; give one of them")
     return {**(storage_options or {}), "codec": compress, "frames": True}
