@@ -213,6 +213,7 @@ def test_records_of_a_row_size_do_not_depend_on_the_sizes_compressed_before(tran
         compress_rows(frames, codec, 1)
         assert [len(r) for r in compress_rows(stacks, codec, 1)] == first
 
+
 def test_several_fields_decompress_in_one_call_and_report_damage_per_field(transitions):
     """``decompress_fields``: each source's rows at the same indices, field f's row i at f * n + i."""
     obs, nxt = transitions["obs"][:6].reshape(6, -1), transitions["next_obs"][:6].reshape(6, -1)
