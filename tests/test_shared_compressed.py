@@ -31,7 +31,8 @@ from hetero_replay.storage.shared_compressed import CompressedSegment
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from atari_frames import SCHEMA, sample_transitions  # noqa: E402
 
-JOIN_S = 60  # only against hangs
+from tests.processes import JOIN_S, join_all, start  # noqa: E402
+
 DEAD_ID = 10_000  # ids a killed writer tried to add
 
 
@@ -87,19 +88,6 @@ def die_mid_add(location: dict, t: dict[str, np.ndarray], stage: str, n: int, co
         sink.write_rows(first, encoded, None)
     conn.send(first)
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def start(target, *args, method: str = "fork") -> mp.Process:
-    p = mp.get_context(method).Process(target=target, args=args, daemon=True)
-    p.start()
-    return p
-
-
-def join_all(procs, codes=(0,)) -> None:
-    for p in procs:
-        p.join(JOIN_S)
-        assert not p.is_alive(), "an actor hung"
-        assert p.exitcode in codes, f"exit code {p.exitcode}"
 
 
 def make(capacity: int, tmp_path: Path, **options) -> PrioritizedReplay:

@@ -28,7 +28,8 @@ from hetero_replay.storage.shared_compressed import CompressedSegment
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from atari_frames import SCHEMA, TEST_DATA, stacks  # noqa: E402
 
-JOIN_S = 60  # only against hangs
+from tests.processes import JOIN_S, join_all, start  # noqa: E402
+
 DEAD_ID = 100_000  # ids a killed writer tried to add
 GAMES = ("Pong", "Breakout", "Pong")  # one stream per actor (the third replays Pong's frames: across writers)
 
@@ -101,19 +102,6 @@ def actor_adds(writer, t: dict[str, np.ndarray], seed: int) -> None:
         assert 0 <= writer.add(pick(t, np.arange(lo, min(lo + k, n)))) <= min(k, n - lo)
         lo += k
     writer.close()
-
-
-def start(target, *args) -> mp.Process:
-    p = mp.get_context("fork").Process(target=target, args=args, daemon=True)
-    p.start()
-    return p
-
-
-def join_all(procs, codes=(0,)) -> None:
-    for p in procs:
-        p.join(JOIN_S)
-        assert not p.is_alive(), "an actor hung"
-        assert p.exitcode in codes, f"exit code {p.exitcode}"
 
 
 def make(capacity: int, tmp_path: Path, **options) -> PrioritizedReplay:

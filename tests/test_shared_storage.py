@@ -33,13 +33,13 @@ from hetero_replay.storage.disk import CONTROL_FILE, ROW_FILE, STATE_FILE, DiskR
 from hetero_replay.storage.files import LOCK_FILE
 from hetero_replay.storage.ring import RingClosedError
 from hetero_replay.storage.shared import SHM_DIR, SharedRows
+from tests.processes import JOIN_S, join_all
 
 OBS = 1024  # float32 values of a row's id: 4 KB, so a row written halfway shows
 SCHEMA = {"id": ((), np.int64), "obs": ((OBS,), np.float32), "tail": ((), np.int64)}
 SMALL_SCHEMA = {"id": ((), np.int64), "obs": ((4,), np.float32), "tail": ((), np.int64)}
 STRIDE = 100_000  # actor r adds ids r * STRIDE + 1, r * STRIDE + 2, ...
 DEAD_ID = 9_000_001  # ids a killed writer tried to add (exact in float32)
-JOIN_S = 60  # only against hangs
 DISK_FILES = {CONTROL_FILE, ROW_FILE, STATE_FILE, LOCK_FILE}
 
 
@@ -200,13 +200,6 @@ def die_mid_add(kind: str, location: str, stage: str, n: int, conn) -> None:
             sink.write_rows(first, rows, take)
     conn.send(first)
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def join_all(procs, codes=(0,)) -> None:
-    for p in procs:
-        p.join(JOIN_S)
-        assert not p.is_alive(), f"{p.name} hung"
-        assert p.exitcode in codes, f"{p.name} exit code {p.exitcode}"
 
 
 def sampleable(buf: PrioritizedReplay) -> bool:
