@@ -8,12 +8,10 @@ small evicts the oldest rows, which are never served.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import pickle
 import signal
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +29,7 @@ from hetero_replay.storage.shared_compressed import CompressedSegment
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from atari_frames import SCHEMA, sample_transitions  # noqa: E402
 
-from tests.processes import JOIN_S, join_all, start  # noqa: E402
+from tests.processes import join_all, start, value_then_killed  # noqa: E402
 
 DEAD_ID = 10_000  # ids a killed writer tried to add
 
@@ -180,15 +178,8 @@ def test_a_writer_killed_mid_add_loses_only_its_rows(transitions, tmp_path, stag
     buf = make(cap, tmp_path, codec="lz4", byte_budget=cap * int(row_bytes(transitions, "lz4").max()) * 2)
     for lo in (0, 20):  # tickets 0..39: slot s holds the row of ticket s + 32 (s < 8) or s
         buf.add(pick(transitions, np.arange(lo, lo + 20)))
-    recv, send = mp.Pipe(duplex=False)
     writer = buf.writer()
-    location = writer._location
-    dying = start(die_mid_add, location, transitions, stage, n, send)
-    deadline = time.monotonic() + JOIN_S
-    while not recv.poll(0.05):
-        assert dying.is_alive() and time.monotonic() < deadline, "the dying writer failed before its kill"
-    first = recv.recv()
-    join_all([dying], codes=(-signal.SIGKILL,))
+    first = value_then_killed(die_mid_add, writer._location, transitions, stage, n)
     dead_slots = (first + np.arange(n)) % cap
     assert len(buf) == cap - n
     np.testing.assert_array_equal(buf.priorities.leaves()[dead_slots], 0)

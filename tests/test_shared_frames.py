@@ -9,11 +9,9 @@ re-emits frames older than half of it.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +26,7 @@ from hetero_replay.storage.shared_compressed import CompressedSegment
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from atari_frames import SCHEMA, TEST_DATA, stacks  # noqa: E402
 
-from tests.processes import JOIN_S, join_all, start  # noqa: E402
+from tests.processes import join_all, start, value_then_killed  # noqa: E402
 
 DEAD_ID = 100_000  # ids a killed writer tried to add
 GAMES = ("Pong", "Breakout", "Pong")  # one stream per actor (the third replays Pong's frames: across writers)
@@ -172,14 +170,8 @@ def test_a_writer_killed_mid_add_loses_only_its_rows(streams, table, tmp_path, s
     buf = make(cap, tmp_path, byte_budget=cap * 4000)
     ours, theirs = streams[0], streams[1]
     buf.add(pick(ours, np.arange(0, 20)))
-    recv, send = mp.Pipe(duplex=False)
     writer = buf.writer()
-    dying = start(die_mid_add, writer._location, theirs, stage, n, send)
-    deadline = time.monotonic() + JOIN_S
-    while not recv.poll(0.05):
-        assert dying.is_alive() and time.monotonic() < deadline, "the dying writer failed before its kill"
-    first = recv.recv()
-    join_all([dying], codes=(-signal.SIGKILL,))
+    first = value_then_killed(die_mid_add, writer._location, theirs, stage, n)
     dead_slots = (first + np.arange(n)) % cap
     assert len(buf) == 20 + n  # its committed first batch stays, the killed one is lost
     np.testing.assert_array_equal(buf.priorities.leaves()[dead_slots], 0)
