@@ -82,9 +82,8 @@ def make(capacity: int, codec: str | None, per_row: float | None, frames: bool =
 def isolated(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` in a forked process (its result through a pipe).
 
-    Each variant compresses in a process of its own: Blosc2's per-thread compression context, once
-    it has compressed frames (7 KB), compresses later stacks (28 KB) about 2x larger (csrc/codec.cpp
-    reuses it), which would skew a rows-mode variant measured after a frames one in one process.
+    Each variant runs in a process of its own, so that none inherits another's heap, caches or
+    per-thread compression contexts.
     """
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
