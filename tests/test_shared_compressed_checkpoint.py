@@ -13,6 +13,7 @@ import gzip
 import os
 import pickle
 import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 from hetero_replay import PrioritizedReplay, ReplayFileError
 from hetero_replay.storage import checkpoint
 from hetero_replay.storage.codec import DamagedRecordError
+from hetero_replay.storage.records import CHECK_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from atari_frames import SCHEMA, TEST_DATA, sample_transitions, stacks  # noqa: E402
@@ -125,6 +127,31 @@ def test_a_host_file_into_a_shared_buffer_and_back(transitions, tmp_path):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     np.testing.assert_array_equal(converted.tree.leaves(), frames.tree.leaves())
     converted.close()
+
+
+@pytest.mark.parametrize("storage", ["shared", "disk"])
+def test_a_conversion_never_holds_all_the_rows_decompressed(transitions, tmp_path, storage):
+    """Loading records into another codec decompresses them a chunk at a time: the load's peak stays well
+    below the rows' raw bytes (a million Atari rows would be 56 GB)."""
+    cap = 1200
+    buf = PrioritizedReplay(cap, SCHEMA, seed=5, storage_options={"codec": "zstd"})
+    n = len(transitions["action"])
+    for lo in range(0, cap, n):
+        buf.add({k: v[: min(n, cap - lo)] for k, v in transitions.items()})
+    buf.save(tmp_path / "buf.replay")
+    raw = cap * 2 * int(np.prod(SCHEMA["obs"][0]))
+    where = {"dir": str(tmp_path)} if storage == "shared" else {"path": str(tmp_path / "disk")}
+    placement = {"storage": storage, "storage_options": {"codec": "lz4", **where}}
+    tracemalloc.start()
+    loaded = PrioritizedReplay.load(tmp_path / "buf.replay", **placement)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    # What a load may hold besides a chunk of rows: the records' check scratch (a fixed size).
+    assert peak < CHECK_BYTES + raw / 4, f"the load peaked at {peak} bytes, the rows take {raw} raw"
+    got, want = loaded.storage.gather(np.arange(cap)), buf.storage.export_rows(cap)
+    for name in SCHEMA:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    loaded.close()
 
 
 def test_a_version_1_file_loads_into_a_shared_buffer(tmp_path):

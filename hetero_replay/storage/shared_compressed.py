@@ -183,12 +183,26 @@ def records_to_adopt(
     codecs, pooled, _ = parse_settings(storage.schema, packed.get("settings"))
     source = CompressedFields.restored(storage.schema, packed, size)  # checks every record
     if codecs != storage.codecs or pooled or frames:
-        arrays = dict(rows)
-        arrays.update(source.gather(np.arange(size, dtype=np.int64), list(codecs)))
+        arrays: dict[str, Any] = dict(rows)
+        arrays.update({name: DecodedField(source, name) for name in codecs})  # adopt reads a chunk at a time
         storage.adopt(position, size, arrays)
         return None
     storage.reader.adopt(position, size)
     return [source.records(name) for name in storage.codecs]
+
+
+class DecodedField:
+    """A compressed field of restored records, decompressed only where indexed (``field[slots]``).
+
+    What a restore gives a ring storage's ``adopt``, which reads its rows a chunk at a time: a buffer of a
+    million Atari rows restored into another codec never holds them all decompressed (56 GB).
+    """
+
+    def __init__(self, source: CompressedFields, name: str) -> None:
+        self.source, self.name = source, name
+
+    def __getitem__(self, slots: np.ndarray) -> np.ndarray:
+        return self.source.gather(np.asarray(slots, np.int64), [self.name])[self.name]
 
 
 def encode_rows(codecs: Mapping[str, Codec], arrays: Mapping[str, np.ndarray], log_bytes: int) -> EncodedRows:
@@ -654,6 +668,7 @@ __all__ = [
     "DEFAULT_BUDGET_FRACTION",
     "CompressedSegment",
     "CompressedSharedStorage",
+    "DecodedField",
     "EncodedRows",
     "adopt_rows",
     "check_byte_budget",
