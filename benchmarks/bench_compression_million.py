@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from atari_frames import SCHEMA, transition_chunks  # noqa: E402
@@ -104,35 +105,6 @@ def pool_accounting(buf: PrioritizedReplay) -> dict[str, int]:
     }
 
 
-def progress(total: int, desc: str) -> Any:
-    """A tqdm bar on stderr if tqdm is installed, else a line every 5% of ``total``."""
-    try:
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=desc, unit="row", unit_scale=True, mininterval=5, file=sys.stderr)
-    except ImportError:
-        return _Lines(total, desc)
-
-
-class _Lines:
-    """tqdm's ``update``/``close`` as a plain line every 5%."""
-
-    def __init__(self, total: int, desc: str) -> None:
-        self.total, self.desc, self.n, self.next = total, desc, 0, 0.05
-        self.t0 = time.perf_counter()
-
-    def update(self, n: int) -> None:
-        self.n += n
-        if self.n >= self.next * self.total:
-            print(
-                f"{self.desc}: {self.n:,}/{self.total:,} rows, {time.perf_counter() - self.t0:.0f} s", file=sys.stderr
-            )
-            self.next += 0.05
-
-    def close(self) -> None:
-        pass
-
-
 def run(
     game: str,
     rows: int,
@@ -161,7 +133,7 @@ def run(
     episodes = 0
     rss["while_filling"] = []  # [rows added, MB], every tenth of the rows
     every = max(rows // 10, 1)
-    bar = progress(rows, f"{game} {codec}+frames")
+    bar = tqdm(total=rows, desc=f"{game} {codec}+frames", unit="row", unit_scale=True, mininterval=5, file=sys.stderr)
     chunks = transition_chunks(game, rows, seed, chunk)
     start = 0
     while True:

