@@ -125,7 +125,9 @@ def test_actors_streams_come_back_bit_for_bit_as_the_log_wraps(streams, table, t
     join_all(actors)
     storage = buf.storage
     assert len(buf) == cap and storage.committed == cap
-    assert storage.segment.log.reserved > 2 * budget  # wrapped several times
+    # Wrapped (the bytes written depend on how the writers interleave: a frame is written again once half
+    # a log behind the head, which moves with the others' writes; 1.6-2.5 logs were seen).
+    assert storage.segment.log.reserved > budget
     data = storage.gather(np.arange(cap))
     assert_written(table, data)
     assert len(set(data["action"])) == cap
