@@ -22,6 +22,7 @@ void register_ring(py::module_& m);          // csrc/ring.cpp
 void register_executor(py::module_& m);      // csrc/executor.cpp
 void register_codec(py::module_& m);         // csrc/codec.cpp
 void register_record_log(py::module_& m);    // csrc/record_log.cpp
+void register_row_stager(py::module_& m);    // csrc/row_stager.cpp
 
 namespace {
 
@@ -214,6 +215,7 @@ PYBIND11_MODULE(_native, m) {
   register_ring(m);
   register_codec(m);
   register_record_log(m);
+  register_row_stager(m);
 
   // The PER arithmetic every CPU backend shares, so that they agree to the bit
   // whatever SIMD paths NumPy or torch would pick on this machine.

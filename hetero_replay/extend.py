@@ -21,11 +21,15 @@ nothing of the core but :mod:`hetero_replay` and this module
   (``Candidate``, ``ReplayConfig``, ``WorkloadSpec``, the timers, ``advise``,
   ``AutoPlacement``);
 * ``install_hint``: how a user installs an extra, for "needs X" messages;
+* ``RowStager``: one environment step's transitions checked and copied into
+  staging rows in one native call, for an adapter whose host library adds a
+  step at a time (it only accepts; the adapter's checks handle the rest);
 * ``same_device``, ``Normalise`` (with ``check_normalise`` and the batch rule
   ``normalise_by_batch``) and ``PLAIN_KINDS``: the device comparison, the
   IS-weight normalisations and the dtype kinds a schema stores as is.
 """
 
+from hetero_replay._native import RowStager
 from hetero_replay.advisor import Advice, AutoPlacement, advise
 from hetero_replay.advisor.profile import HOST_REPETITION_S, Clock, Timer, Timing
 from hetero_replay.advisor.workload import ALGOS, Candidate, ReplayConfig, WorkloadSpec
@@ -71,6 +75,7 @@ __all__ = [
     "Normalise",
     "PendingUpdate",
     "ReplayConfig",
+    "RowStager",
     "Schedule",
     "Timer",
     "Timing",

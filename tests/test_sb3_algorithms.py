@@ -21,6 +21,7 @@ from stable_baselines3.common.buffers import ReplayBuffer  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 from stable_baselines3.common.envs import SimpleMultiObsEnv  # noqa: E402
+from stable_baselines3.common.logger import KVWriter, Logger  # noqa: E402
 
 from hetero_replay import PEROptions  # noqa: E402
 from hetero_replay.adapters.sb3 import (  # noqa: E402
@@ -79,6 +80,7 @@ def test_perdqn_weights_the_huber_loss_and_feeds_td_errors_back() -> None:
         q = th.gather(model.q_net(b.observations), 1, b.actions.long())
         huber = F.smooth_l1_loss(q, target, reduction="none")
     model.train(gradient_steps=1, batch_size=16)
+    model._record_per()  # what dump_logs records: the batches since the last dump
     logged = model.logger.name_to_value
     assert logged["train/loss"] == pytest.approx((b.weights * huber).mean().item(), rel=1e-5)
     assert logged["train/loss"] != pytest.approx(huber.mean().item(), rel=1e-2)
@@ -134,14 +136,38 @@ class CountCalls(BaseCallback):
         return True
 
 
-def assert_per_was_live(model, steps: int) -> None:
+class Dumps(KVWriter):
+    """The log dumps of a model (``watch_dumps``), as dicts."""
+
+    def __init__(self) -> None:
+        self.dumps: list[dict] = []
+
+    def write(self, key_values: dict, key_excluded: dict, step: int = 0) -> None:
+        self.dumps.append(dict(key_values))
+
+
+def watch_dumps(model) -> Dumps:
+    """Keep ``model``'s log dumps from now on (SB3 dumps every ``log_interval`` episodes of ``learn``)."""
+    dumps = Dumps()
+    model.set_logger(Logger(folder=None, output_formats=[dumps]))
+    return dumps
+
+
+def assert_per_was_live(model, steps: int, dumps: Dumps) -> None:
     buf = model.replay_buffer
     assert isinstance(buf, PrioritizedReplayBuffer)
     filled_prios = buf.priorities().reshape(-1)[: buf.size() * buf.n_envs]
     assert filled_prios.std() > 0 and np.mean(filled_prios != 1.0) > 0.5  # most priorities moved off 1
     # beta annealed linearly from 0.4 to 1 over training: close to 1 at the last train()
     assert 0.9 < buf.beta <= 1.0
-    assert model.logger.name_to_value["train/per_beta"] == pytest.approx(buf.beta)
+    model.dump_logs()
+    trained = [d for d in dumps.dumps if "train/n_updates" in d]
+    assert len(trained) >= 2, "learn dumped the logs of training at least once"
+    # A dump with train/n_updates follows a train(): its mean weight is of the batches drawn since the last dump.
+    assert all(0 < d["train/per_mean_weight"] <= 1 and d["train/per_staleness"] == 0 for d in trained)
+    betas = [d["train/per_beta"] for d in trained]
+    assert betas == sorted(betas) and betas[-1] == pytest.approx(buf.beta)
+    assert trained[-1]["train/per_max_priority"] == pytest.approx(buf.max_priority)
     assert model.num_timesteps >= steps
 
 
@@ -149,17 +175,18 @@ def assert_per_was_live(model, steps: int) -> None:
 def test_perdqn_end_to_end_with_four_envs_progress_bar_and_callback() -> None:
     env = make_vec_env("CartPole-v1", n_envs=4, seed=0)
     model = PERDQN("MlpPolicy", env, learning_starts=100, train_freq=1, target_update_interval=50, **small())
-    callback = CountCalls()
+    callback, dumps = CountCalls(), watch_dumps(model)
     model.learn(600, callback=callback, progress_bar=True)
     assert callback.calls == 150  # one call per env.step() of the 4 envs
-    assert_per_was_live(model, 600)
+    assert_per_was_live(model, 600, dumps)
 
 
 @pytest.mark.parametrize("algo", [PERDDPG, PERTD3, PERSAC])
 def test_continuous_algorithms_end_to_end(algo) -> None:
     model = algo("MlpPolicy", "Pendulum-v1", learning_starts=100, batch_size=32, **small())
-    model.learn(300)
-    assert_per_was_live(model, 300)
+    dumps = watch_dumps(model)
+    model.learn(300, log_interval=1)
+    assert_per_was_live(model, 300, dumps)
 
 
 def test_perddpg_keeps_ddpg_single_critic() -> None:
@@ -169,9 +196,10 @@ def test_perddpg_keeps_ddpg_single_critic() -> None:
 
 def test_multi_input_policy_uses_the_dict_buffer() -> None:
     model = PERDQN("MultiInputPolicy", SimpleMultiObsEnv(), learning_starts=50, buffer_size=1000, **small())
-    model.learn(200)
+    dumps = watch_dumps(model)
+    model.learn(200, log_interval=1)
     assert isinstance(model.replay_buffer, DictPrioritizedReplayBuffer)
-    assert_per_was_live(model, 200)
+    assert_per_was_live(model, 200, dumps)
 
 
 def test_optimize_memory_usage_with_a_second_learn_call() -> None:

@@ -19,7 +19,7 @@ from sb3_contrib.common.utils import quantile_huber_loss  # noqa: E402
 
 from hetero_replay.adapters.sb3 import PERQRDQN, PERTQC, PERCrossQ, PrioritizedReplayBuffer  # noqa: E402
 from hetero_replay.adapters.sb3.quantile import quantile_huber_loss_per_sample  # noqa: E402
-from tests.test_sb3_algorithms import assert_priorities, filled, replay_of_next_train, small  # noqa: E402
+from tests.test_sb3_algorithms import assert_priorities, filled, replay_of_next_train, small, watch_dumps  # noqa: E402
 from tests.test_sb3_learning import NEEDED, SEEDS, THRESHOLD, EvaluateAndStop  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -58,6 +58,7 @@ def test_perqrdqn_weights_the_quantile_loss_and_feeds_the_mean_td_error_back() -
         current = th.gather(model.quantile_net(b.observations), dim=2, index=actions).squeeze(dim=2)
         per_sample = quantile_huber_loss_per_sample(current, target)
     model.train(gradient_steps=1, batch_size=16)
+    model._record_per()  # what dump_logs records: the batches since the last dump
     logged = model.logger.name_to_value
     assert logged["train/loss"] == pytest.approx((b.weights.view(-1) * per_sample).mean().item(), rel=1e-5)
     assert logged["train/loss"] != pytest.approx(quantile_huber_loss(current, target).item(), rel=1e-2)
@@ -122,12 +123,15 @@ def test_percrossq_weights_each_critic_and_uses_the_mean_td_over_critics() -> No
 )  # fmt: skip
 def test_short_learn_anneals_beta_and_moves_priorities(algo, env: str) -> None:
     model = algo("MlpPolicy", env, learning_starts=100, batch_size=32, **small())
-    model.learn(300)
+    dumps = watch_dumps(model)
+    model.learn(300, log_interval=1)
+    model.dump_logs()
     buf = model.replay_buffer
     leaves = buf.priorities().reshape(-1)[: buf.size() * buf.n_envs]
     assert model._n_updates > 0 and leaves.std() > 0
-    assert model.logger.name_to_value["train/per_beta"] > 0.4
-    assert 0 < model.logger.name_to_value["train/per_mean_weight"] <= 1
+    trained = [d for d in dumps.dumps if "train/n_updates" in d]  # dumps that follow a train()
+    assert trained and trained[-1]["train/per_beta"] == pytest.approx(buf.beta) and buf.beta > 0.4
+    assert all(0 < d["train/per_mean_weight"] <= 1 for d in trained)
 
 
 def test_contrib_algorithms_refuse_a_buffer_without_priorities() -> None:

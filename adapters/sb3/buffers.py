@@ -55,6 +55,7 @@ from hetero_replay.extend import (
     OUTER,
     ForkSafeLock,
     Normalise,
+    RowStager,
     check_bool,
     check_int,
     check_normalise,
@@ -387,12 +388,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(f"add: {name} must have shape ({self.n_envs},) (one per env), got {arr.shape}")
         return arr
 
-    def _timeouts(self, infos: Any) -> np.ndarray:
-        """Each environment's ``TimeLimit.truncated`` flag from ``infos`` (a list of ``n_envs`` dicts).
+    def _truncation_flags(self, infos: Any) -> list[Any]:
+        """Each environment's ``TimeLimit.truncated`` value in ``infos`` (a list of ``n_envs`` dicts), as given.
 
         Raises:
             TypeError: ``infos`` is not a list (or tuple) of dicts.
-            ValueError: it holds another number of dicts, or a flag is not one value.
+            ValueError: it holds another number of dicts.
         """
         if not isinstance(infos, (list, tuple)):
             raise TypeError(
@@ -401,10 +402,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if len(infos) != self.n_envs:
             raise ValueError(f"add: infos must hold {self.n_envs} dicts (one per env), got {len(infos)}")
         try:
-            truncated = np.asarray([info.get("TimeLimit.truncated", False) for info in infos])
+            return [info.get("TimeLimit.truncated", False) for info in infos]
         except AttributeError:
             types = [type(info).__name__ for info in infos]
             raise TypeError(f"add: infos must be dicts, got {types}") from None
+
+    def _timeouts(self, flags: list[Any]) -> np.ndarray:
+        """The truncation ``flags`` as one value per environment; ``ValueError`` if a flag is not one value."""
+        truncated = np.asarray(flags)
         if truncated.size != self.n_envs:
             raise ValueError(f"add: infos[i]['TimeLimit.truncated'] must be one bool per env, got {truncated.tolist()}")
         return truncated.reshape(self.n_envs)  # SB3's own tests pass one-element arrays as flags
@@ -472,7 +477,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         latest before the next sample, priority update or read): the engine's
         per-call cost, and with device storage the copy to the device, is then
         paid once per ``train()``, not per step. Nothing else changes, since
-        priorities only move in :meth:`update_priorities`.
+        priorities only move in :meth:`update_priorities`. The usual row
+        (C-contiguous arrays of the fields' shapes, dtypes that cast safely,
+        actions inside the space, ``bool`` truncation flags) is checked and
+        staged by one native call; any other row by the checks in Python, which
+        raise the errors below. Both store the same values.
 
         Raises:
             ValueError: a shape, dtype or value as above, naming the argument
@@ -481,20 +490,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 is not a list of dicts.
             Nothing is stored on error.
         """
-        # Check and shape everything before taking the lock: a refused row leaves no trace.
-        row = self._observation_rows("obs", obs)
-        row.update(self._observation_rows("next_obs", next_obs))
-        row["action"] = self._action_rows(action)
-        row["reward"] = self._env_values("reward", reward)
-        row["done"] = self._env_values("done", done)
-        timeouts = self._timeouts(infos)
-        if self.handle_timeout_termination:
-            row["timeout"] = timeouts
-        self._check_casts(row)
+        flags = self._truncation_flags(infos)
         with self._lock:
-            start = self._staged_rows * self.n_envs
-            for name, value in row.items():  # shapes match exactly: nothing is broadcast
-                self._staged[name][start : start + self.n_envs] = value
+            values = (obs, next_obs, action, reward, done, flags)
+            # The usual row (arrays of the fields' shapes and dtypes) in one native call; anything else,
+            # errors included, through the checks. Either writes the row whole or not at all.
+            if self._stager is None or not self._stager.put(self._staged_rows, values[: self._stager_values]):
+                self._stage_checked(*values)
             self._staged_rows += 1
             self.pos += 1
             if self.pos == self.buffer_size:
@@ -502,6 +504,22 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 self.pos = 0
             if self._staged_rows == self._stage_capacity:
                 self._commit()
+
+    def _stage_checked(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any, flags: list[Any]) -> None:
+        """Check one row as :meth:`add` documents, cast it, and write it to the next staging row. Hold the lock."""
+        # Check and shape everything before writing: a refused row leaves no trace.
+        row = self._observation_rows("obs", obs)
+        row.update(self._observation_rows("next_obs", next_obs))
+        row["action"] = self._action_rows(action)
+        row["reward"] = self._env_values("reward", reward)
+        row["done"] = self._env_values("done", done)
+        timeouts = self._timeouts(flags)
+        if self.handle_timeout_termination:
+            row["timeout"] = timeouts
+        self._check_casts(row)
+        start = self._staged_rows * self.n_envs
+        for name, value in row.items():  # shapes match exactly: nothing is broadcast
+            self._staged[name][start : start + self.n_envs] = value
 
     def _check_casts(self, row: dict[str, np.ndarray]) -> None:
         """Check that ``row``'s values cast to their fields unchanged, by the core engine's rule.
@@ -535,6 +553,32 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._staged = {name: np.zeros((rows, *f.shape), f.dtype) for name, f in self._stage_fields.items()}
         self._staged_rows = 0
         self._safe_casts: set[tuple[str, np.dtype]] = set()
+        self._stager, self._stager_values = self._row_stager()
+
+    def _row_stager(self) -> tuple[RowStager | None, int]:
+        """The native stager of :meth:`add`'s usual rows and how many of its values it takes (``None``
+        for ``Dict`` observations, whose fields the checking path splits, and for fields of other dtypes
+        than the stager's, such as float16)."""
+        if isinstance(self.observation_space, spaces.Dict) or any(
+            np.dtype(rows.dtype) not in _STAGER_DTYPES for rows in self._staged.values()
+        ):
+            return None, 0
+        n = self.n_envs
+        obs_shapes = [(n, *self.obs_shape)]
+        if isinstance(self.observation_space, spaces.Discrete):
+            obs_shapes.append((n,))
+        bounds = None
+        if self._action_bounds is not None:
+            bounds = tuple(np.broadcast_to(b, (self.action_dim,)).astype(np.int64) for b in self._action_bounds)
+        shapes = {"obs": obs_shapes, "next_obs": obs_shapes, "action": sorted(self._action_shapes)}
+        fields: list[dict[str, Any]] = [
+            dict(dest=self._staged[name], sources=_safe_sources(self._stage_fields[name].dtype),
+                 shapes=shapes.get(name, [(n,)]), bounds=bounds if name == "action" else None)
+            for name in ("obs", "next_obs", "action", "reward", "done")
+        ]  # fmt: skip
+        if self.handle_timeout_termination:
+            fields.append(dict(dest=self._staged["timeout"], sources=[], shapes=[], flags=True))
+        return RowStager(fields, n), len(fields)
 
     def _commit(self) -> None:
         """Hand the staged rows to the core engine (they get the max priority there). Hold the lock."""
@@ -651,10 +695,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         else:
             raw: np.ndarray
             if isinstance(td_errors, th.Tensor):
-                # One pass: |td| of a zero-copy view of the CPU tensor (or of its one copy off the device).
-                raw = td_errors.detach().reshape(-1).cpu().numpy()  # .cpu() of a CPU tensor is the tensor
+                # A zero-copy view of a CPU tensor (detached; one copy off the device), in one torch call.
+                raw = td_errors.numpy(force=True)
             else:
-                raw = np.asarray(td_errors).reshape(-1)
+                raw = np.asarray(td_errors)
+            raw = raw.reshape(-1)
             if raw.dtype.kind not in "biuf":
                 raise TypeError(f"update_priorities: td_errors must be numbers, got dtype {raw.dtype}")
             td = np.abs(raw)
@@ -836,7 +881,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         with self._lock:
             self._commit()
             state = self.__dict__.copy()
-            del state["_lock"], state["_staged"]  # the staging rows are empty after the commit
+            del state["_lock"], state["_staged"], state["_stager"]  # the staging rows are empty after the commit
             state["_replay"] = (type(self._replay), self._replay.__getstate__())
             if self.optimize_memory_usage and not self.full:
                 # The newest next observations sit in row `pos`, past the
@@ -998,6 +1043,15 @@ def _action_rules(
     else:
         bounds = None
     return shapes, bounds
+
+
+#: The value dtypes the native stager copies (others go through the adapter's checks).
+_STAGER_DTYPES = tuple(np.dtype(t) for t in (bool, "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f4", "f8"))
+
+
+def _safe_sources(dtype: np.dtype) -> list[np.dtype]:
+    """The stager's value dtypes NumPy casts safely (no value changed) to a field of ``dtype``."""
+    return [t for t in _STAGER_DTYPES if np.can_cast(t, dtype, casting="safe")]
 
 
 def _field_dtype(dtype: npt.DTypeLike | None) -> np.dtype:

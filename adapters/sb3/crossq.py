@@ -28,7 +28,7 @@ class PERCrossQ(PERMixin, CrossQ):
 
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
         """``gradient_steps`` critic updates on PER batches; every ``policy_delay``-th also updates actor and entropy."""
-        beta, logs = start_max_entropy_train(self)
+        logs = start_max_entropy_train(self)
         for _ in range(gradient_steps):
             self._n_updates += 1
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
@@ -51,7 +51,6 @@ class PERCrossQ(PERMixin, CrossQ):
         for name, values in logs.items():
             if values:
                 self.logger.record(f"train/{name}", np.mean(values))
-        self._record_per(beta)
 
     def _q_values_and_target(
         self, batch: PrioritizedReplayBufferSamples, ent_coef: th.Tensor

@@ -16,17 +16,18 @@ def descend(optimizer: th.optim.Optimizer, loss: th.Tensor) -> None:
     optimizer.step()
 
 
-def start_max_entropy_train(model: Any) -> tuple[float, dict[str, list[float]]]:
+def start_max_entropy_train(model: Any) -> dict[str, list[float]]:
     """Training mode, this step's learning rates (actor, critics, entropy coefficient) and PER's beta.
 
-    Returns ``(beta, logs)``: ``logs`` the empty per-step lists that ``train()`` records at its end.
+    Returns the empty per-step lists that ``train()`` records at its end.
     """
     model.policy.set_training_mode(True)
     optimizers = [model.actor.optimizer, model.critic.optimizer]
     if model.ent_coef_optimizer is not None:
         optimizers.append(model.ent_coef_optimizer)
     model._update_learning_rate(optimizers)
-    return model._update_beta(), {"ent_coef": [], "ent_coef_loss": [], "critic_loss": [], "actor_loss": []}
+    model._update_beta()
+    return {"ent_coef": [], "ent_coef_loss": [], "critic_loss": [], "actor_loss": []}
 
 
 def entropy_coefficient(model: Any, log_prob: th.Tensor, losses: list[float]) -> th.Tensor:

@@ -37,7 +37,7 @@ class PERQRDQN(PERMixin, QRDQN):
         """``gradient_steps`` updates of the quantile network on PER batches of ``batch_size``."""
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
-        beta = self._update_beta()
+        self._update_beta()
         losses = []
         for _ in range(gradient_steps):
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
@@ -53,7 +53,6 @@ class PERQRDQN(PERMixin, QRDQN):
         self._n_updates += gradient_steps
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/loss", np.mean(losses))
-        self._record_per(beta)
 
     def _target_quantiles(self, batch: PrioritizedReplayBufferSamples) -> th.Tensor:
         """``r + discount * Z'(s', a*)``, shape ``(batch_size, n_quantiles)``.

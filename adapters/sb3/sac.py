@@ -37,7 +37,7 @@ class PERSAC(PERMixin, SAC):
 
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
         """``gradient_steps`` updates of the entropy coefficient, critics and actor on PER batches."""
-        beta, logs = start_max_entropy_train(self)
+        logs = start_max_entropy_train(self)
         for step in range(gradient_steps):
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
             if self.use_sde:
@@ -71,7 +71,6 @@ class PERSAC(PERMixin, SAC):
         for name, values in logs.items():
             if values:
                 self.logger.record(f"train/{name}", np.mean(values))
-        self._record_per(beta)
 
     def _soft_target(self, batch: PrioritizedReplayBufferSamples, ent_coef: th.Tensor) -> th.Tensor:
         """``r + discount * (min_k Q'_k(s', a') - ent_coef * log pi(a'|s'))`` with ``a' ~ pi(s')``, shape ``(B, 1)``."""

@@ -42,7 +42,7 @@ class PERTD3TrainMixin(PERMixin, _TD3Base):
         """``gradient_steps`` critic updates on PER batches; every ``policy_delay``-th also updates the actor."""
         self.policy.set_training_mode(True)
         self._update_learning_rate([self.actor.optimizer, self.critic.optimizer])
-        beta = self._update_beta()
+        self._update_beta()
         actor_losses, critic_losses = [], []
         for _ in range(gradient_steps):
             self._n_updates += 1
@@ -69,7 +69,6 @@ class PERTD3TrainMixin(PERMixin, _TD3Base):
         if actor_losses:
             self.logger.record("train/actor_loss", np.mean(actor_losses))
         self.logger.record("train/critic_loss", np.mean(critic_losses))
-        self._record_per(beta)
 
     def _target(self, batch: PrioritizedReplayBufferSamples) -> th.Tensor:
         """``r + discount * min_k Q'_k(s', a')``, ``a'`` the target actor's action plus clipped noise; ``(B, 1)``."""

@@ -32,7 +32,7 @@ class PERTQC(PERMixin, TQC):
 
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
         """``gradient_steps`` updates of the entropy coefficient, critics and actor on PER batches."""
-        beta, logs = start_max_entropy_train(self)
+        logs = start_max_entropy_train(self)
         for step in range(gradient_steps):
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
             if self.use_sde:
@@ -64,7 +64,6 @@ class PERTQC(PERMixin, TQC):
         for name, values in logs.items():
             if values:
                 self.logger.record(f"train/{name}", np.mean(values))
-        self._record_per(beta)
 
     def _target_quantiles(self, batch: PrioritizedReplayBufferSamples, ent_coef: th.Tensor) -> th.Tensor:
         """The soft target quantiles, shape ``(batch_size, 1, kept)``: broadcast over the critics.
