@@ -274,10 +274,16 @@ PYBIND11_MODULE(_native, m) {
       "The exception must reach the caller as RuntimeError.");
 
   m.def("num_threads", &num_threads,
-        "Threads used by large batch operations (default: all hardware threads, or "
-        "$HETERO_REPLAY_NUM_THREADS).");
-  m.def("set_num_threads", &set_num_threads, py::arg("n"),
-        "Sets the threads used by large batch operations (1 = serial).");
+        "Threads used by large batch operations (default: all hardware threads, of which a call uses "
+        "those other processes leave idle, from /proc/stat every 0.1 s; a count set with "
+        "$HETERO_REPLAY_NUM_THREADS or set_num_threads(n) is used as given).");
+  m.def(
+      "set_num_threads",
+      [](std::optional<int> n) {
+        if (n) set_num_threads(*n);
+        else use_default_threads();
+      },
+      py::arg("n"), "Sets the threads used by large batch operations (1 = serial; None = the default).");
 
   py::class_<PyRowAccess>(m, "RowAccess", R"doc(
 Row reads and ring writes over several arrays that share a leading row axis

@@ -15,9 +15,9 @@ from hetero_replay.trees import make_tree
 
 @pytest.fixture
 def threads():
-    before = hetero_replay.num_threads()
+    chosen = os.environ.get("HETERO_REPLAY_NUM_THREADS")
     yield hetero_replay.set_num_threads
-    hetero_replay.set_num_threads(before)
+    hetero_replay.set_num_threads(int(chosen) if chosen else None)  # the default, unless one was chosen
 
 
 def run_ops(tree, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -84,3 +84,10 @@ def test_pool_works_in_a_forked_child(threads):
 def test_bad_thread_count():
     with pytest.raises(ValueError, match="num_threads must be >= 1"):
         hetero_replay.set_num_threads(0)
+
+
+def test_none_restores_the_default_count(threads):
+    threads(3)
+    assert hetero_replay.num_threads() == 3
+    threads(None)  # all hardware threads, of which a call uses those other processes leave idle
+    assert hetero_replay.num_threads() == os.cpu_count()

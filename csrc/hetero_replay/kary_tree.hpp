@@ -40,6 +40,7 @@ namespace hetero_replay {
 
 inline int num_threads() { return TaskPool::instance().threads(); }
 inline void set_num_threads(int n) { TaskPool::instance().set_threads(n); }
+inline void use_default_threads() { TaskPool::instance().use_default(); }
 
 // Below these batch sizes handing work to other threads costs more than it
 // saves (measured on 2-core x86 machines, see benchmarks/).

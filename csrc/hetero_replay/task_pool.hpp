@@ -8,10 +8,11 @@
 // join in when they run, and the caller waits only for items a worker has
 // actually started: a thread that never woke up delays nothing. One that was
 // taken off the CPU after claiming an item still does (a whole time slice), so
-// after a call that did not pay the pool runs the next calls serially for a
-// while (see back_off_if_late): with the default thread count (all hardware
-// threads) a loaded machine then runs about as one thread does, a quiet one in
-// parallel.
+// a call uses at most the cores other processes leave idle (idle_cores.hpp,
+// from /proc/stat every 0.1 s), and after a call that did not pay the pool runs
+// the next calls serially for a while (see back_off_if_late): with the default
+// thread count (all hardware threads) a machine with other work then runs about
+// as one thread does, a quiet one in parallel.
 #pragma once
 
 #include <algorithm>
@@ -31,6 +32,8 @@
 
 #include <pthread.h>
 
+#include "hetero_replay/idle_cores.hpp"
+
 namespace hetero_replay {
 
 class TaskPool {
@@ -44,15 +47,17 @@ class TaskPool {
   }
 
   // Threads used by batch operations, the caller included. Default: the
-  // machine's hardware threads (or HETERO_REPLAY_NUM_THREADS).
+  // machine's hardware threads, of which a call uses those other processes
+  // leave idle (usable_threads); a count chosen (HETERO_REPLAY_NUM_THREADS,
+  // set_threads) is used as given.
   int threads() const { return threads_.load(std::memory_order_relaxed); }
   // Also forgets a back-off (see back_off_if_late): the caller chose anew.
   void set_threads(int n) {
     if (n < 1) throw std::invalid_argument("num_threads must be >= 1, got " + std::to_string(n));
-    threads_.store(n, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> lock(submit_mutex_);
-    backoff_ = serial_left_ = 0;
+    choose(n, true);
   }
+  // Back to the default (see threads()).
+  void use_default() { choose(hardware_threads(), false); }
 
   // Calls fn(i) for every i in [0, n), using up to `max_threads` threads (the
   // caller included). Returns when all calls have finished. If calls throw,
@@ -60,8 +65,9 @@ class TaskPool {
   // a worker thread would end the whole process (std::terminate).
   template <typename F>
   void run(int64_t n, int max_threads, F&& fn) {
-    const int helpers = static_cast<int>(std::min<int64_t>(max_threads, n)) - 1;
+    int helpers = static_cast<int>(std::min<int64_t>(max_threads, n)) - 1;
     std::unique_lock<std::mutex> submit(submit_mutex_, std::try_to_lock);
+    if (helpers > 0 && submit.owns_lock()) helpers = std::min(helpers, usable_threads() - 1);
     if (helpers <= 0 || !submit.owns_lock() || serial_left_ > 0) {  // serial, pool busy, or backing off
       const bool last = helpers > 0 && submit.owns_lock() && --serial_left_ == 0;
       for (int64_t i = 0; i < n; ++i) fn(i);
@@ -112,9 +118,9 @@ class TaskPool {
   };
 
   TaskPool() {
-    int n = static_cast<int>(std::thread::hardware_concurrency());
-    if (const char* env = std::getenv("HETERO_REPLAY_NUM_THREADS")) n = std::atoi(env);
-    threads_.store(std::max(1, n));
+    const char* env = std::getenv("HETERO_REPLAY_NUM_THREADS");
+    threads_.store(std::max(1, env ? std::atoi(env) : hardware_threads()));
+    chosen_.store(env != nullptr);
     pthread_atfork(&TaskPool::before_fork, &TaskPool::after_fork_parent, &TaskPool::after_fork_child);
   }
 
@@ -166,6 +172,24 @@ class TaskPool {
     } else {
       backoff_ = 0;
     }
+  }
+
+  static int hardware_threads() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+
+  void choose(int n, bool chosen) {
+    threads_.store(n, std::memory_order_relaxed);
+    chosen_.store(chosen, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(submit_mutex_);
+    backoff_ = serial_left_ = 0;
+  }
+
+  // Threads a call may use now: a chosen count as it is; by default the cores other processes leave
+  // to this one (idle_cores.hpp), rounded down unless nearly whole (1.7 cores is 2). Called holding
+  // submit_mutex_.
+  int usable_threads() {
+    if (chosen_.load(std::memory_order_relaxed)) return threads();
+    const double cores = idle_.available(std::chrono::steady_clock::now());
+    return std::max(1, static_cast<int>(cores + 0.3));
   }
 
   // The back-off ends with this call: the next one decides whether running in parallel pays, so its
@@ -255,6 +279,7 @@ class TaskPool {
   static constexpr std::chrono::microseconds kSpin{200};
 
   std::atomic<int> threads_{1};
+  std::atomic<bool> chosen_{false};  // threads_ was chosen (not the default): no idle-core cap
   std::atomic<uint32_t> published_{0};
   std::mutex submit_mutex_;  // one job at a time
   int64_t backoff_ = 0;      // guarded by submit_mutex_: see back_off_if_late
@@ -268,6 +293,7 @@ class TaskPool {
   uint32_t generation_ = 0;
   std::atomic<uint64_t> next_{0};
   std::atomic<int64_t> done_{0};
+  IdleCores idle_;  // guarded by submit_mutex_
 };
 
 // Calls fn(i) for i in [0, n) on up to num_threads() threads.

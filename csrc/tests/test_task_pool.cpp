@@ -12,7 +12,13 @@
 #include <thread>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+
 #include "check.hpp"
+#include "hetero_replay/idle_cores.hpp"
 #include "hetero_replay/task_pool.hpp"
 
 using namespace hr_test;
@@ -163,7 +169,12 @@ TEST_CASE(task_pool, a_late_worker_makes_the_next_calls_serial) {
   const auto call = [&](bool slow_workers) {
     on_workers.store(0);
     parallel_for(256, 2, [&](int64_t) {
-      if (std::this_thread::get_id() == caller) return;
+      if (std::this_thread::get_id() == caller) {
+        // Long enough for a sleeping worker to wake and claim items (with instant items the caller
+        // finished first unless a worker happened to be polling, so the test hung on timing).
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        return;
+      }
       on_workers.fetch_add(1);
       if (slow_workers) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     });
@@ -186,4 +197,28 @@ TEST_CASE(task_pool, a_late_worker_makes_the_next_calls_serial) {
   }
   CHECK(joined);
   forget();
+}
+
+// Another process busy on a core is seen: the pool's default leaves that core to it.
+TEST_CASE(task_pool, idle_cores_count_another_busy_process) {
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  std::FILE* stat = std::fopen("/proc/stat", "r");
+  if (cores < 2 || stat == nullptr) return;  // nothing to leave, or nothing to read: all cores, always
+  std::fclose(stat);
+  using Clock = std::chrono::steady_clock;
+  hetero_replay::IdleCores idle;
+  CHECK(idle.available(Clock::now()) == static_cast<double>(cores));  // no window measured yet
+  const pid_t child = fork();
+  if (child == 0) {
+    const auto end = Clock::now() + std::chrono::milliseconds(500);
+    while (Clock::now() < end) {
+    }
+    _exit(0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const double available = idle.available(Clock::now());
+  int status = 0;
+  waitpid(child, &status, 0);
+  // The child kept one core busy for the whole window (other processes only add to that).
+  CHECK(available <= static_cast<double>(cores) - 0.6);
 }
