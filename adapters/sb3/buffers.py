@@ -513,9 +513,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         row["action"] = self._action_rows(action)
         row["reward"] = self._env_values("reward", reward)
         row["done"] = self._env_values("done", done)
-        timeouts = self._timeouts(flags)
-        if self.handle_timeout_termination:
-            row["timeout"] = timeouts
+        if self.handle_timeout_termination:  # unstored flags are not read (neither does the stager)
+            row["timeout"] = self._timeouts(flags)
         self._check_casts(row)
         start = self._staged_rows * self.n_envs
         for name, value in row.items():  # shapes match exactly: nothing is broadcast
