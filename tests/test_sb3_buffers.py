@@ -300,6 +300,18 @@ def test_weight_norm_batch_divides_by_the_batch_maximum(staleness: int) -> None:
     assert buffers["batch"].take_mean_weight() == pytest.approx(np.mean(batch_means), rel=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:.*without update_priorities")  # 500 samples, no update: on purpose
+def test_the_logged_mean_weight_is_one_running_float64_sum() -> None:
+    buf = make()
+    for row in range(40):
+        add_row(buf, row)
+    buf.update_priorities(np.arange(40), np.linspace(0.01, 4.0, 40))
+    weights = [buf.sample(16).weights.numpy() for _ in range(500)]
+    assert np.ndim(buf._weight_sum) == 0  # one number however many batches: SB3 reads it only at log dumps
+    assert buf.take_mean_weight() == pytest.approx(np.concatenate(weights).astype(np.float64).mean(), rel=1e-12)
+    assert np.isnan(buf.take_mean_weight())  # nothing sampled since
+
+
 def test_a_refused_weight_norm_builds_nothing() -> None:
     """The check runs before anything is built or drawn: NumPy's global generator (the seed source) is untouched."""
     np.random.seed(5)

@@ -22,7 +22,6 @@ operations under way, so the child gets consistent buffers with free locks.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import warnings
 import weakref
@@ -312,7 +311,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._stage_new()
         self._samples_since_update = 0
         self._warned_no_update = False
-        self._weight_sums: list[Any] = []  # each sampled batch's IS-weight sum, for take_mean_weight()
+        self._weight_sum: Any = 0.0  # the sampled batches' IS weights summed (float64), for take_mean_weight()
         self._weights_sampled = 0
         self._lock = ForkSafeLock(OUTER)
         self._closed = False
@@ -908,20 +907,21 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def take_mean_weight(self) -> float:
         """The mean IS weight of the transitions sampled since the last call (NaN if none): what SB3 logs.
 
-        The batches' sums were taken as they were sampled (on the host, or as a
-        device tensor): reading them here costs at most one device sync per call.
+        The batches' weights are summed as they are sampled, in float64 (on the host, or as a device
+        tensor): reading the sum here costs at most one device sync per call, and the sum takes the
+        same memory however long the buffer goes unread (SB3 reads it at each log dump).
         """
         with self._lock:
-            sums, n = self._weight_sums, self._weights_sampled
-            self._weight_sums, self._weights_sampled = [], 0
+            total, n = self._weight_sum, self._weights_sampled
+            self._weight_sum, self._weights_sampled = 0.0, 0
         if n == 0:
             return float("nan")
-        total = th.stack(sums).sum().item() if isinstance(sums[0], th.Tensor) else math.fsum(sums)
-        return total / n
+        return (total.item() if isinstance(total, th.Tensor) else float(total)) / n
 
     def _count_sample(self, weights: np.ndarray | th.Tensor) -> None:
         """Count a successful sample and its IS weights; warn once when priorities never move. Hold the lock."""
-        self._weight_sums.append(weights.sum())
+        total = weights.sum(dtype=th.float64) if isinstance(weights, th.Tensor) else weights.sum(dtype=np.float64)
+        self._weight_sum = self._weight_sum + total
         self._weights_sampled += len(weights)
         self._samples_since_update += 1
         if self._samples_since_update == WARN_AFTER_SAMPLES and not self._warned_no_update:
