@@ -312,6 +312,21 @@ def test_the_logged_mean_weight_is_one_running_float64_sum() -> None:
     assert np.isnan(buf.take_mean_weight())  # nothing sampled since
 
 
+def test_a_buffer_pickled_with_a_list_of_weight_sums_loads() -> None:
+    """SB3's ``save_replay_buffer`` files of the version that kept each batch's IS-weight sum in a list."""
+    buf = make()
+    for row in range(8):
+        add_row(buf, row)
+    state = buf.__getstate__()
+    state["_weight_sums"], state["_weights_sampled"] = [np.float32(1.5), np.float32(2.5)], 4
+    del state["_weight_sum"]
+    old = PrioritizedReplayBuffer.__new__(PrioritizedReplayBuffer)
+    old.__setstate__(state)
+    assert old.take_mean_weight() == 1.0
+    old.sample(4)
+    assert 0 < old.take_mean_weight() <= 1
+
+
 def test_a_refused_weight_norm_builds_nothing() -> None:
     """The check runs before anything is built or drawn: NumPy's global generator (the seed source) is untouched."""
     np.random.seed(5)
