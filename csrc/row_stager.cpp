@@ -141,18 +141,17 @@ class RowStager {
     if (values.size() != fields_.size())
       throw py::value_error("RowStager.put: " + std::to_string(fields_.size()) + " values expected, got " +
                             std::to_string(values.size()));
-    std::vector<py::array> arrays(fields_.size());
     for (size_t i = 0; i < fields_.size(); ++i) {
       const Field& f = fields_[i];
       if ((row + 1) * f.count > f.dest.size())
         throw py::index_error("RowStager.put: staging row " + std::to_string(row) + " out of range");
-      if (f.flags ? !takes_flags(values[i]) : !takes_array(f, values[i], arrays[i])) return false;
+      if (f.flags ? !takes_flags(values[i]) : !takes_array(f, values[i])) return false;
     }
-    for (size_t i = 0; i < fields_.size(); ++i) {
+    for (size_t i = 0; i < fields_.size(); ++i) {  // all taken: write them
       const Field& f = fields_[i];
       char* out = f.base + row * f.count * f.dest.itemsize();
       if (f.flags) write_flags(f, py::reinterpret_borrow<py::list>(values[i]), out);
-      else copy(f, arrays[i], out);
+      else copy(f, py::reinterpret_borrow<py::array>(values[i]), out);
     }
     return true;
   }
@@ -167,7 +166,7 @@ class RowStager {
     return true;
   }
 
-  static bool takes_array(const Field& f, py::handle value, py::array& out) {
+  static bool takes_array(const Field& f, py::handle value) {
     if (!py::isinstance<py::array>(value)) return false;
     auto arr = py::reinterpret_borrow<py::array>(value);
     const int flags = arr.flags();
@@ -175,9 +174,7 @@ class RowStager {
     const Type t = type_of(arr.dtype());
     if (t == Type::other || !(f.sources & (1u << static_cast<int>(t)))) return false;
     if (!has_shape(f, arr)) return false;
-    if (!f.low.empty() && !in_bounds(f, arr, t)) return false;
-    out = arr;
-    return true;
+    return f.low.empty() || in_bounds(f, arr, t);
   }
 
   static bool has_shape(const Field& f, const py::array& arr) {

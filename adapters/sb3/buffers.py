@@ -894,7 +894,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         replay_class, replay_state = state.pop("_replay")
         newest_next_obs = state.pop("_newest_next_obs", None)
         if "_weight_sums" in state:  # saved before the IS-weight sum became one number: its batches' sums
-            state["_weight_sum"] = float(sum(float(x) for x in state.pop("_weight_sums")))
+            state["_weight_sum"] = sum(map(float, state.pop("_weight_sums")), 0.0)
         self.__dict__.update(state)
         replay = replay_class.__new__(replay_class)
         replay.__setstate__(replay_state)
