@@ -12,6 +12,7 @@
 
 #include "hetero_replay/gather.hpp"
 #include "hetero_replay/kary_tree.hpp"
+#include "numpy_uniforms.hpp"
 #include "released_gil.hpp"
 
 namespace py = pybind11;
@@ -54,14 +55,11 @@ void require_numeric(const py::array& arr, const char* what) {
                          py::str(arr.dtype()).cast<std::string>());
 }
 
-// A tree plus what the bindings need around it: the value dtype and a cache of
-// the NumPy bit generator that `sample` draws from.
+// A tree plus what the bindings need around it: the value dtype and the NumPy
+// generator that `sample` draws from.
 struct PySumTree {
   std::unique_ptr<SumTreeBase> tree;
-  py::object rng;            // last Generator seen
-  py::object rng_lock;       // its bit generator's lock
-  void* rng_state = nullptr;
-  double (*next_double)(void*) = nullptr;
+  NumpyUniforms uniforms;
 
   bool float64() const { return tree->value_bytes() == 8; }
   py::dtype dtype() const { return float64() ? py::dtype::of<double>() : py::dtype::of<float>(); }
@@ -71,40 +69,6 @@ struct PySumTree {
     require_numeric(arr, what);
     if (float64()) return py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(arr);
     return py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(arr);
-  }
-
-  // NumPy exposes each bit generator's C `next_double` through ctypes; drawing
-  // through it gives the same stream as `rng.random(n)`, so every backend turns
-  // one seed into the same uniforms.
-  void bind_rng(py::handle generator) {
-    if (rng && rng.is(generator)) return;
-    if (!py::hasattr(generator, "bit_generator"))
-      throw py::type_error("rng must be a numpy.random.Generator");
-    py::object bitgen = generator.attr("bit_generator");
-    py::object iface = bitgen.attr("ctypes");
-    py::module_ ctypes = py::module_::import("ctypes");
-    const uintptr_t fn = ctypes.attr("cast")(iface.attr("next_double"), ctypes.attr("c_void_p"))
-                             .attr("value")
-                             .cast<uintptr_t>();
-    rng_state = reinterpret_cast<void*>(iface.attr("state_address").cast<uintptr_t>());
-    next_double = reinterpret_cast<double (*)(void*)>(fn);
-    rng_lock = bitgen.attr("lock");
-    rng = py::reinterpret_borrow<py::object>(generator);
-  }
-
-  // Small batches call next_double directly (no Python call); large ones let
-  // NumPy fill the buffer with its inlined loop. Both give the same stream.
-  py::array_t<double> draw_uniforms(int64_t n) {
-    py::array_t<double> u(n);
-    if (n >= 256) {
-      rng.attr("random")(py::arg("out") = u);
-      return u;
-    }
-    double* p = u.mutable_data();
-    rng_lock.attr("acquire")();
-    for (int64_t i = 0; i < n; ++i) p[i] = next_double(rng_state);
-    rng_lock.attr("release")();
-    return u;
   }
 };
 
@@ -395,8 +359,8 @@ writers and readers are serialised by an internal reader/writer lock.
               if (!(t.tree->total() > 0.0))
                 throw py::value_error("the tree holds no priority mass (all priorities are 0)");
             }
-            t.bind_rng(rng);
-            py::array_t<double> u = t.draw_uniforms(batch_size);
+            py::array_t<double> u(batch_size);
+            t.uniforms.draw(rng, u.mutable_data(), batch_size);
             IndexArray idx(batch_size);
             py::array_t<float> w(batch_size);
             int64_t* io = idx.mutable_data();

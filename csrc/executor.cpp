@@ -1,7 +1,9 @@
 // hetero_replay._native.Executor: the relaxed pipeline's native executor (csrc/hetero_replay/executor.hpp).
 //
 // Python hands over whole jobs (the updates' index and TD-error arrays, the
-// uniforms of the draw, the output slot's arrays) and collects them in order.
+// generator the draw's uniforms come from, the output slot's arrays) and
+// collects them in order. The uniforms are drawn at submit, on the caller's
+// thread, so the generator moves in submission order whichever thread runs a job.
 // Each job's arrays stay referenced here until it is collected, so the native
 // thread, which never touches a Python object, always writes into live memory.
 #include <pybind11/numpy.h>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "hetero_replay/executor.hpp"
+#include "numpy_uniforms.hpp"
 #include "released_gil.hpp"
 
 namespace py = pybind11;
@@ -74,10 +77,13 @@ class PyExecutor {
   ~PyExecutor() { executor_.reset(); }  // joins the thread first; it never takes the GIL
 
   // updates: [(indices int64, td float64, epoch, undo_indices int64 or None, undo_leaves or None)].
-  // outputs: [indices int64, weights float32, field 0, field 1, ...] for len(uniforms) rows, or None.
-  void submit(const py::list& updates, py::object uniforms, py::object outputs, bool stratified, double alpha,
-              double eps, int64_t limit, bool wake) {
-    Submitted s{std::make_unique<Job>(), {}};
+  // A draw of batch_size rows (0: none) from uniforms drawn here from `rng` (a numpy Generator, as
+  // rng.random(batch_size) draws them) into
+  // outputs: [indices int64, weights float32 (beta 1), field 0, field 1, ...] of at least batch_size rows.
+  void submit(const py::list& updates, py::handle rng, int64_t batch_size, py::object outputs,
+              bool stratified, double alpha, double eps, int64_t limit, bool wake) {
+    if (batch_size < 0) throw py::value_error("Executor.submit: batch_size must be >= 0");
+    Submitted s{std::make_unique<Job>(), {}, {}};
     Job& job = *s.job;
     job.alpha = alpha;
     job.eps = eps;
@@ -104,10 +110,9 @@ class PyExecutor {
       job.updates.push_back(std::move(u));
       s.keep.push_back(py::reinterpret_borrow<py::object>(h));
     }
-    if (!uniforms.is_none()) {
+    if (batch_size > 0) {
       DrawTask& d = job.draw;
-      d.n = py::reinterpret_borrow<py::array>(uniforms).size();
-      d.uniforms = checked<double>(uniforms, d.n, "uniforms");
+      d.n = batch_size;
       d.stratified = stratified;
       py::list out = outputs.cast<py::list>();
       if (static_cast<size_t>(py::len(out)) != 2 + fields_.size())
@@ -122,8 +127,10 @@ class PyExecutor {
           throw py::value_error("Executor.submit: output field " + std::to_string(f) + " is too small");
         d.field_out.push_back(static_cast<char*>(a.mutable_data()));
       }
-      s.keep.push_back(uniforms);
       s.keep.push_back(outputs);
+      s.uniforms.resize(static_cast<size_t>(d.n));
+      uniforms_.draw(rng, s.uniforms.data(), d.n);  // last: a refused submit leaves the generator as it was
+      d.uniforms = s.uniforms.data();
     }
     Job* raw = s.job.get();
     submitted_.push_back(std::move(s));
@@ -166,15 +173,17 @@ class PyExecutor {
   struct Submitted {
     std::unique_ptr<Job> job;
     std::vector<py::object> keep;  // the arrays the job points into
+    std::vector<double> uniforms;  // its draw's
   };
 
   py::object tree_;
   std::vector<py::array> sources_;
   py::object written_at_;
   std::vector<int64_t> fields_;  // bytes of a row, per field
-  int value_bytes_ = 4;          // the tree's leaves: float32 or float64
+  int value_bytes_ = 4;  // the tree's leaves: float32 or float64
   std::unique_ptr<Executor> executor_;
   std::deque<Submitted> submitted_;
+  NumpyUniforms uniforms_;
 };
 
 }  // namespace
@@ -182,14 +191,16 @@ class PyExecutor {
 void register_executor(py::module_& m) {
   py::class_<PyExecutor>(m, "Executor", R"doc(
 The relaxed pipeline's native executor: runs jobs (apply queued priority updates with the
-epoch rule, draw a batch from given uniforms, gather its rows into given arrays) in
+epoch rule, draw a batch from a NumPy generator's uniforms, gather its rows into given arrays) in
 submission order on its own thread, with no Python and no GIL.
 )doc")
       .def(py::init<py::object, py::list, py::object>(), py::arg("tree"), py::arg("fields"),
            py::arg("written_at"))
-      .def("submit", &PyExecutor::submit, py::arg("updates"), py::arg("uniforms"), py::arg("outputs"),
-           py::arg("stratified"), py::arg("alpha"), py::arg("eps"), py::arg("limit"), py::arg("wake") = true,
-           "Queues one job (its arrays kept until collect() returns it); wake=False leaves it to collect().")
+      .def("submit", &PyExecutor::submit, py::arg("updates"), py::arg("rng"), py::arg("batch_size"),
+           py::arg("outputs"), py::arg("stratified"), py::arg("alpha"), py::arg("eps"), py::arg("limit"),
+           py::arg("wake") = true,
+           "Queues one job (its arrays kept until collect() returns it), its uniforms drawn from rng now; "
+           "wake=False leaves it to collect().")
       .def("collect", &PyExecutor::collect, "Waits for the oldest job and returns its results.")
       .def("stop", &PyExecutor::stop, "Ends the thread after its running job; later jobs run in collect().")
       .def_property_readonly("pending", &PyExecutor::pending, "Jobs submitted and not collected yet.")

@@ -79,7 +79,8 @@ class Executor:
     def submit(
         self,
         updates: list[tuple[np.ndarray, np.ndarray, int, np.ndarray | None, np.ndarray | None]],
-        uniforms: np.ndarray | None,
+        rng: np.random.Generator | None,
+        batch_size: int,
         outputs: list[np.ndarray] | None,
         stratified: bool,
         alpha: float,

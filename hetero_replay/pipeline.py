@@ -83,6 +83,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -108,6 +109,9 @@ AUTO_WINDOW = 32
 #: thread; shorter ones on the learner's, where no thread is woken (a wake-up, with its futex and moved cache
 #: lines, costs the learner ~10 µs on a 2-vCPU VM: ``benchmarks/bench_pipeline.py --worker native``).
 NATIVE_HANDOVER_US = 25.0
+#: The native executor copies the generator's state once per this many uniforms drawn (``_GeneratorMark``):
+#: rewinding redraws at most about as many.
+MARK_SPAN = 1 << 16
 
 
 @dataclass
@@ -117,7 +121,7 @@ class _Drawn:
     step: int
     batch: Sample  # weights are p_min / p_i (beta 1), raised to the sample's beta when served
     batch_size: int
-    rng_state: dict[str, Any] | None  # the generator before the draw
+    rng_state: Any  # what rewinds the generator to before the draw (the executor's: see ``_rewind``), or None
     epoch: int
     ready_event: Any = None
     beta: float | None = None  # the beta ``weights`` are raised to, if any
@@ -474,7 +478,7 @@ class _Pipeline:
             if drawn is None:
                 self._catch_up()
                 self._raise_error(self.schedule.seen_by_next)
-                drawn = _Drawn(self.schedule.served, self.replay.draw(n, 1.0), n, None, self.replay.write_epoch)
+                drawn = _Drawn(self.schedule.served, self._draw_here(n), n, None, self.replay.write_epoch)
             else:
                 self.ready.popleft()
             self.schedule.serve(drawn.epoch)
@@ -616,10 +620,17 @@ class _Pipeline:
             self.schedule.put_back(applied.update for applied in self.undo)
             self.undo.clear()
         if self.ready:
-            first = self.ready[0].rng_state
-            if first is not None:
-                self.replay.rng.bit_generator.state = first
+            self._rewind(self.ready[0])
             self.ready.clear()
+
+    def _rewind(self, drawn: _Drawn) -> None:
+        """Put the generator back where it was before ``drawn`` was drawn (the learner's own draws keep nothing)."""
+        if drawn.rng_state is not None:
+            self.replay.rng.bit_generator.state = drawn.rng_state
+
+    def _draw_here(self, n: int) -> Sample:
+        """The learner draws the batch it asks for itself (nothing was drawn ahead for it)."""
+        return self.replay.draw(n, 1.0)
 
     def _apply(self, update: PendingUpdate, ahead: bool) -> None:
         """Apply one update; ``ahead``: it precedes a batch drawn ahead, so keep what undoes it."""
@@ -732,6 +743,47 @@ class _Pipeline:
             self.drawing = False
 
 
+class _GeneratorMark:
+    """Where the native executor's draws began in the buffer's generator, without a copy of its state per draw.
+
+    A copy of a generator's state is a dict built anew (~12 µs of a learner step, whose caches are cold).
+    One is taken at most once per ``MARK_SPAN`` uniforms, at a draw no batch drawn ahead precedes, and each
+    batch drawn ahead records how many uniforms were drawn since: rewinding to it restores the copy and draws
+    that many again (the same stream). A draw of the generator elsewhere (the learner's own) ends the count
+    (:meth:`forget`): the next draw takes a fresh copy.
+    """
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.state: Mapping[str, Any] | None = None
+        self.drawn = 0  # uniforms drawn since the copy was taken
+
+    def before_draw(self, first: bool) -> int:
+        """Before the executor draws: how many uniforms it drew since the copy. ``first``: no batch drawn ahead
+        precedes this one (only then may the copy move)."""
+        if self.state is None or (first and self.drawn >= MARK_SPAN):
+            assert first, "a batch drawn ahead would lose its place in the stream"
+            self.state, self.drawn = self.rng.bit_generator.state, 0
+        return self.drawn
+
+    def drew(self, n: int) -> None:
+        """The executor drew ``n`` uniforms."""
+        self.drawn += n
+
+    def rewind(self, at: int) -> None:
+        """Put the generator where :meth:`before_draw` returned ``at``."""
+        assert self.state is not None
+        self.rng.bit_generator.state = self.state
+        left = at
+        while left:
+            left -= len(self.rng.random(min(left, MARK_SPAN)))
+        self.drawn = at
+
+    def forget(self) -> None:
+        """The generator moved outside the count."""
+        self.state = None
+
+
 @dataclass
 class _Slot:
     """One output slot of the native executor's ring."""
@@ -798,6 +850,7 @@ class _NativePipeline(_Pipeline):
         self.fields = [(name, f.shape, f.dtype) for name, f in self.replay.schema.items()]
         self.names = [name for name, _, _ in self.fields]
         self.slots = [None] * len(self.slots)
+        self.mark = _GeneratorMark(self.replay.rng)  # (load_state_dict set the generator's state)
 
     def update(self, indices: Any, td_errors: Any) -> None:
         copied = None
@@ -862,15 +915,14 @@ class _NativePipeline(_Pipeline):
                 updates.append((update, np.empty(k, np.int64), np.empty(k, tree_dtype)))
             else:
                 updates.append((update, None, None))
-        rng = self.replay.rng
-        state = rng.bit_generator.state
-        uniforms = rng.random(n)
         slot = self._slot(n)
         job = _Job(updates, slot)
         limit = self.replay.filled
+        at = self.mark.before_draw(first=not self.ready)
         self.executor.submit(
             [(u.indices, u.td_errors, u.epoch, ui, ul) for u, ui, ul in updates],
-            uniforms,
+            self.replay.rng,
+            n,
             slot.arrays,
             self.replay.priorities.stratified,
             self.replay.alpha,
@@ -878,7 +930,15 @@ class _NativePipeline(_Pipeline):
             limit,
             self.wake,
         )
-        self.ready.append(_Drawn(step, None, n, state, self.replay.write_epoch, job=job))  # type: ignore[arg-type]
+        self.mark.drew(n)
+        self.ready.append(_Drawn(step, None, n, at, self.replay.write_epoch, job=job))  # type: ignore[arg-type]
+
+    def _rewind(self, drawn: _Drawn) -> None:
+        self.mark.rewind(drawn.rng_state)
+
+    def _draw_here(self, n: int) -> Sample:
+        self.mark.forget()  # the generator moves outside the executor's count
+        return super()._draw_here(n)
 
     def _slot(self, n: int) -> _Slot:
         """The next slot of the ring, holding ``n`` rows (once the copies out of it are done)."""
@@ -965,9 +1025,7 @@ class _NativePipeline(_Pipeline):
         self.undo = [a for a in self.undo if id(a.update) not in ids]
         self.errors = [(step, e) for step, e in self.errors if step not in steps]
         self.schedule.put_back(took)
-        state = self.ready[i].rng_state
-        assert state is not None  # the native executor's batches always keep the generator's state
-        self.replay.rng.bit_generator.state = state
+        self._rewind(self.ready[i])
         while len(self.ready) > i:
             self.ready.pop()
         self.hold = True

@@ -59,6 +59,8 @@ from hetero_replay.trees.numpy_tree import as_indices
 
 #: Draws :meth:`PrioritizedReplay.sample` makes before giving up on a ring whose rows keep changing under it.
 _MAX_REDRAWS = 64
+#: What :meth:`PrioritizedReplay.rate_limited` gives when nothing waits (stateless, so one serves every call).
+_LET_THROUGH = contextlib.nullcontext()
 
 
 class PrioritizedReplay:
@@ -225,8 +227,7 @@ class PrioritizedReplay:
         """The :class:`~hetero_replay.rate_limiter.RateLimiter` :meth:`add` and :meth:`sample` ask, or ``None``."""
         return self._limiter
 
-    @contextlib.contextmanager
-    def rate_limited(self, side: str, n: int) -> Iterator[None]:
+    def rate_limited(self, side: str, n: int) -> contextlib.AbstractContextManager[None]:
         """Wait until the rate limiter lets an ``"insert"`` or ``"sample"`` of ``n`` go; count it if the body returns.
 
         The front doors' gate (:meth:`add`, :meth:`sample`), for wrappers that must wait before taking
@@ -240,8 +241,11 @@ class PrioritizedReplay:
         """
         limiter = self._limiter
         if limiter is None or n == 0 or getattr(self._admitted, "side", None) == side:
-            yield
-            return
+            return _LET_THROUGH  # no generator per call: every add and sample pass here
+        return self._admit(limiter, side, n)
+
+    @contextlib.contextmanager
+    def _admit(self, limiter: RateLimiter, side: str, n: int) -> Iterator[None]:
         counted = side == "sample" or self._ring is None  # a ring's inserts: counted by the poll that sees them
         with limiter.admitted(side, n, counted, None if self._ring is None else self._poll):
             self._admitted.side = side
@@ -326,7 +330,10 @@ class PrioritizedReplay:
                 indices = self._ring.append(arrays) if rows else np.empty(0, np.int64)
                 self._sync()
                 return indices
-            indices = (self._pos + np.arange(rows, dtype=np.int64)) % self.capacity
+            end = self._pos + rows
+            indices = np.arange(self._pos, end, dtype=np.int64)
+            if end > self.capacity:  # wraps (one NumPy call where it does not: this is every add's path)
+                indices %= self.capacity
             if rows == 0:
                 return indices
             priority = self.priorities.new_priority()

@@ -5,7 +5,8 @@ Covered here:
 * the native executor (``worker="native"``, what ``"auto"`` picks on the C++
   tree with host storage) serves the Python executors' batches bit for bit in
   a seeded run with writes, a wrapping ring (dropped late updates), a bad
-  queued update, a batch-size change, a flush and ``rng``;
+  queued update, a batch-size change, a flush and ``rng``, also when the copy
+  of the generator's state it rewinds from moves often;
 * its thread runs jobs while the learner's thread holds the GIL;
 * a batch drawn ahead holds the rows committed when the sample that released
   it returned: a write after that neither voids it nor enters it;
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hetero_replay import PrioritizedReplay
+from hetero_replay import PrioritizedReplay, pipeline
 from hetero_replay.pipeline import AUTO_WINDOW, RelaxedReplay, _NativePipeline
 from tests.test_engine_concurrency import _wait_or_kill
 from tests.test_pipeline import (
@@ -107,6 +108,29 @@ def test_native_and_python_executors_serve_the_same_batches_bit_for_bit(k, prefe
         assert_same_seen(got["seen"], want["seen"])
         assert np.array_equal(got["leaves"], want["leaves"])
         assert (got["max_priority"], got["dropped"]) == (want["max_priority"], want["dropped"])
+
+
+@pytest.mark.parametrize("k, prefetch", [(1, 1), (4, 3)])
+def test_native_batches_stay_the_same_when_the_generator_mark_moves_between_rewinds(monkeypatch, k, prefetch):
+    # The native executor copies the generator's state only once per MARK_SPAN uniforms and rewinds by
+    # redrawing from that copy: with a short span the copy moves many times between the run's rewinds.
+    want = scripted_run("inline", k, prefetch)
+    monkeypatch.setattr(pipeline, "MARK_SPAN", 40)
+    copies = []
+    take = pipeline._GeneratorMark.before_draw
+
+    def counted(mark: Any, first: bool) -> int:
+        before = mark.state
+        at = take(mark, first)
+        copies.append(mark.state is not before)
+        return at
+
+    monkeypatch.setattr(pipeline._GeneratorMark, "before_draw", counted)
+    got = scripted_run("native", k, prefetch)
+    assert sum(copies) >= 5 and not all(copies)
+    assert got["native"]
+    assert_same_seen(got["seen"], want["seen"])
+    assert np.array_equal(got["leaves"], want["leaves"])
 
 
 def test_auto_picks_the_native_executor_where_it_applies():

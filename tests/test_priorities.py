@@ -3,6 +3,7 @@
 An update computed from a batch drawn at write epoch ``e`` drops the entries
 whose slot was written after ``e``; with ``keep_undo`` it returns a snapshot
 that ``restore`` undoes the update with exactly; a refused call changes nothing.
+New transitions get ``max_priority ** alpha`` as those two are now.
 """
 
 from __future__ import annotations
@@ -93,3 +94,24 @@ def test_check_filled_names_the_first_empty_slot() -> None:
     p.clear(np.array([5]))
     with pytest.raises(IndexError, match="position 1 is 5"):
         p.check_filled(np.array([0, 5]))
+
+
+def test_new_transitions_get_max_priority_to_the_current_alpha_whatever_changed_it() -> None:
+    # new_priority() keeps its last value while max_priority and alpha stay: every change must show.
+    p = Priorities(8, PEROptions(alpha=0.5, eps=0.01))
+    p.assign_new(np.arange(2))
+    assert p.leaves()[1] == np.float32(1.0)
+    p.update(np.array([0]), np.array([8.99]))  # max priority 9
+    p.assign_new(np.array([2]))
+    assert p.leaves()[2] == np.float32(3.0)
+    p.alpha = 1.0
+    p.assign_new(np.array([3]))
+    assert p.leaves()[3] == np.float32(9.0)
+    snapshot = p.snapshot(np.array([1]))
+    p.update(np.array([1]), np.array([15.99]))  # max priority 16, then undone
+    p.restore(snapshot)
+    p.assign_new(np.array([4]))
+    assert p.leaves()[4] == np.float32(9.0)
+    p.load(p.leaves(), max_priority=4.0)
+    p.assign_new(np.array([5]))
+    assert p.leaves()[5] == np.float32(4.0)

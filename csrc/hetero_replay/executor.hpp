@@ -3,7 +3,7 @@
 // A job is what the staleness schedule releases when the learner takes a batch:
 // apply the queued priority updates the next batch must see (dropping entries
 // whose slot was rewritten since their batch was drawn: the epoch rule), then
-// draw that batch from uniforms the caller drew from its generator, and gather
+// draw that batch from uniforms drawn from the caller's generator, and gather
 // its rows into a preallocated output slot. The caller decides everything
 // (which updates, which uniforms, where the rows go); the executor only runs
 // jobs in submission order, so a job's result never depends on which thread
