@@ -7,6 +7,10 @@ and of ours (``PERDQN``'s) once after each gradient step of a 256x256 Q-network 
 rl-zoo's hyperparameters, a 50k buffer after ``--learn`` steps of learning, 3,000 by default), the two buffers taking turns,
 and also back to back; medians over ``--repeats`` rounds of ``--calls`` calls, torch on one thread.
 
+A second table times the buffer's share of one ``train()`` cycle as ``learn`` makes it: ``train_freq``
+adds, then ``sample`` (ours commits the rows staged by the adds there) and ``update_priorities``, each
+call after a gradient step, for SB3's buffer and ``PERDQN``'s at staleness 0 and 1.
+
     python benchmarks/bench_sb3_calls_cold.py
     python benchmarks/bench_sb3_calls_cold.py --repeats 15 --calls 300
 """
@@ -57,6 +61,29 @@ def calls(model: Any) -> dict[str, Callable[[], Any]]:
     return out
 
 
+def cycle(model: Any, trainer: DQN, batch: Any, adds: int) -> tuple[float, float, float]:
+    """One ``train()`` cycle of ``model``'s buffer, each call cold: µs spent in ``adds`` adds, ``sample``, update."""
+    buffer = model.replay_buffer
+    add, sample = calls(model)["add"], lambda: buffer.sample(64)
+    spent = [0.0, 0.0, 0.0]
+    for _ in range(adds):
+        gradient_step(trainer, batch)
+        start = time.perf_counter()
+        add()
+        spent[0] += time.perf_counter() - start
+    gradient_step(trainer, batch)
+    start = time.perf_counter()
+    drawn = sample()
+    spent[1] += time.perf_counter() - start
+    if hasattr(buffer, "update_priorities"):
+        td = th.randn(64, 1)
+        gradient_step(trainer, batch)
+        start = time.perf_counter()
+        buffer.update_priorities(drawn.indices, td)
+        spent[2] += time.perf_counter() - start
+    return spent[0] * 1e6, spent[1] * 1e6, spent[2] * 1e6
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9, help="rounds (default 9)")
@@ -68,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     models = {
         "SB3 (DQN)": DQN("MlpPolicy", "CartPole-v1", seed=0, **DQN_ARGS),
         "ours (PERDQN)": PERDQN("MlpPolicy", "CartPole-v1", seed=0, **DQN_ARGS),
+        "ours (PERDQN, staleness=1)": PERDQN("MlpPolicy", "CartPole-v1", seed=0, staleness=1, **DQN_ARGS),
     }
     for model in models.values():
         model.learn(args.learn)
@@ -75,8 +103,14 @@ def main(argv: list[str] | None = None) -> None:
     batch = trainer.replay_buffer.sample(64)
     cold: dict[tuple[str, str], list[float]] = {}
     warm: dict[tuple[str, str], list[float]] = {}
+    cycles: dict[str, list[tuple[float, float, float]]] = {}
+    adds = int(DQN_ARGS["train_freq"])
     for _ in range(args.repeats):
         for name, model in models.items():
+            spent = [cycle(model, trainer, batch, adds) for _ in range(args.calls)]
+            cycles.setdefault(name, []).append(tuple(statistics.mean(x) for x in zip(*spent)))
+            if "staleness" in name:
+                continue  # the single calls: as the strict buffer's
             for op, fn in calls(model).items():
                 spent = 0.0
                 for _ in range(args.calls):
@@ -91,6 +125,12 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|")
     for (name, op), times in cold.items():
         print(f"| {name} | {op} | {statistics.median(times):.1f} | {statistics.median(warm[name, op]):.1f} |")
+    print(f"\nA train() cycle's buffer calls, each after a gradient step: us per cycle ({adds} adds, sample, update)\n")
+    print("| buffer | cycle | adds | sample | update_priorities |")
+    print("|---|---|---|---|---|")
+    for name, rounds in cycles.items():
+        parts = [statistics.median(r[i] for r in rounds) for i in range(3)]
+        print(f"| {name} | {sum(parts):.1f} | {parts[0]:.1f} | {parts[1]:.1f} | {parts[2]:.1f} |")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,18 @@ def test_add_returns_ring_indices_and_wraps(backend):
     assert b.storage.arrays["action"][0] == 10 and b.storage.arrays["action"][2] == 2
 
 
+def test_strided_and_fortran_ordered_arrays_are_stored_like_contiguous_ones(backend):
+    want = PrioritizedReplay(10, SCHEMA, tree=backend)
+    want.add(make_batch(12))
+    got = PrioritizedReplay(10, SCHEMA, tree=backend)
+    odd = {name: np.repeat(a, 2, axis=0)[::2] for name, a in make_batch(12).items()}  # every other row
+    odd["obs"] = np.asfortranarray(make_batch(12)["obs"])
+    assert not odd["action"].flags.c_contiguous and not odd["obs"].flags.c_contiguous
+    got.add(odd)
+    for name in SCHEMA:
+        np.testing.assert_array_equal(got.storage.arrays[name], want.storage.arrays[name])
+
+
 def test_sample_gathers_the_rows_of_its_indices(buf):
     s = buf.sample(32)
     np.testing.assert_array_equal(s.data["action"], s.indices)

@@ -118,7 +118,10 @@ class HostStorage:
 
     def _write_raw(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
         if self._rows is not None and arrays.keys() == self.arrays.keys():  # the common case: one C++ call
-            self._rows.write(start, [np.ascontiguousarray(arrays[n], dtype=f.dtype) for n, f in self._fields])
+            try:  # the arrays as validated: usually contiguous, in the fields' dtypes (it checks before writing)
+                self._rows.write(start, [arrays[n] for n, _ in self._fields])
+            except ValueError:  # strided, or an equal dtype of another object (unpickled): converted
+                self._rows.write(start, [np.ascontiguousarray(arrays[n], dtype=f.dtype) for n, f in self._fields])
             return
         for name, arr in arrays.items():
             rows, dst = len(arr), self.arrays[name]
