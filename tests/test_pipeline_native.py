@@ -286,6 +286,23 @@ def test_malformed_updates_are_refused_at_once_by_the_native_executor(indices, t
         buf.close()
 
 
+@pytest.mark.parametrize(
+    "batch_size, outputs, match",
+    [(-1, None, "batch_size must be >= 0"), (8, [np.empty(8, np.int64)], "outputs are indices, weights and one")],
+)
+def test_a_refused_submit_leaves_the_generator_where_it_was(batch_size, outputs, match):
+    # The executor draws a job's uniforms last, after every check of the job.
+    engine = make(64, "native")
+    engine.add(rows(64))
+    tree, fields, written_at = engine.native_parts()
+    executor = pipeline._native.Executor(tree, fields, written_at)
+    before = dict(engine.rng.bit_generator.state)
+    with pytest.raises(ValueError, match=match):
+        executor.submit([], engine.rng, batch_size, outputs, True, 0.6, 1e-6, 64)
+    assert engine.rng.bit_generator.state == before and executor.pending == 0
+    executor.stop()
+
+
 def _continue(buf: RelaxedReplay, steps: int) -> dict[str, Any]:
     batches = []
     for t in range(steps):
