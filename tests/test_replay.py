@@ -43,9 +43,9 @@ def test_add_returns_ring_indices_and_wraps(backend):
 
 
 def test_strided_and_fortran_ordered_arrays_are_stored_like_contiguous_ones(backend):
-    want = PrioritizedReplay(10, SCHEMA, tree=backend)
+    want = PrioritizedReplay(16, SCHEMA, tree=backend)
     want.add(make_batch(12))
-    got = PrioritizedReplay(10, SCHEMA, tree=backend)
+    got = PrioritizedReplay(16, SCHEMA, tree=backend)
     odd = {name: np.repeat(a, 2, axis=0)[::2] for name, a in make_batch(12).items()}  # every other row
     odd["obs"] = np.asfortranarray(make_batch(12)["obs"])
     assert not odd["action"].flags.c_contiguous and not odd["obs"].flags.c_contiguous
