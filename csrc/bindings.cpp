@@ -10,6 +10,7 @@
 #include <optional>
 #include <shared_mutex>
 
+#include "hetero_replay/executor.hpp"
 #include "hetero_replay/gather.hpp"
 #include "hetero_replay/kary_tree.hpp"
 #include "numpy_uniforms.hpp"
@@ -124,19 +125,20 @@ struct PyRowAccess {
   }
 
   // Rows start, start + 1, ... (wrapping) of each field <- the rows of
-  // values[f], which must match the field's dtype and row shape exactly (the
-  // caller casts). One call instead of a NumPy assignment per field.
+  // values[f], which must match the field's dtype (an equal one: an unpickled
+  // dtype is another object) and row shape (the caller casts); strided or
+  // Fortran-ordered arrays are copied to C order first. One call instead of a
+  // NumPy assignment per field; nothing is written unless every array fits.
   void write(int64_t start, const py::list& values) {
     if (static_cast<size_t>(py::len(values)) != sources.size())
       throw py::value_error("RowAccess.write: expected one array per field");
     std::vector<py::array> src;
     int64_t n = -1;
     for (size_t f = 0; f < sources.size(); ++f) {
-      py::array a = py::array::ensure(values[f]);
-      if (!a || !(a.flags() & py::array::c_style) || !a.dtype().is(sources[f].dtype()) ||
-          a.ndim() != sources[f].ndim())
+      py::array a = py::array::ensure(values[f], py::array::c_style);
+      if (!a || !a.dtype().equal(sources[f].dtype()) || a.ndim() != sources[f].ndim())
         throw py::value_error("RowAccess.write: array " + std::to_string(f) +
-                              " must be C-contiguous with the field's dtype and rank");
+                              " must have the field's dtype and rank");
       for (py::ssize_t d = 1; d < a.ndim(); ++d)
         if (a.shape(d) != sources[f].shape(d))
           throw py::value_error("RowAccess.write: array " + std::to_string(f) + " has the wrong row shape");
@@ -323,6 +325,51 @@ writers and readers are serialised by an internal reader/writer lock.
           py::arg("limit") = py::none(),
           "Sets leaves[indices] = (td + eps) ** alpha from |TD errors| and returns max(td + eps). "
           "Indices must lie in [0, limit) (default: capacity).")
+      .def(
+          "update_td_since",
+          [](PySumTree& t, py::handle idx_obj, py::handle td_obj, double alpha, double eps,
+             std::optional<int64_t> limit, py::object written_at, int64_t epoch, bool filled_only) {
+            IndexArray idx = as_indices(idx_obj);
+            py::array td_any = as_1d(td_obj, "td_errors");
+            require_numeric(td_any, "td_errors");
+            DoubleArray td = DoubleArray::ensure(td_any);
+            if (td.size() != idx.size())
+              throw py::value_error("got " + std::to_string(idx.size()) + " indices but " +
+                                    std::to_string(td.size()) + " TD errors");
+            JobContext context{t.tree.get(), {}, nullptr, t.tree->capacity()};
+            if (!written_at.is_none()) {
+              py::array w = py::reinterpret_borrow<py::array>(written_at);
+              if (!py::isinstance<py::array>(written_at) || !(w.flags() & py::array::c_style) ||
+                  !w.dtype().equal(py::dtype::of<int64_t>()) || w.size() != context.capacity)
+                throw py::value_error("written_at must be a C-contiguous int64 array of capacity entries");
+              context.written_at = static_cast<const int64_t*>(w.data());
+            }
+            Job job;
+            job.alpha = alpha;
+            job.eps = eps;
+            job.limit = limit.value_or(context.capacity);
+            UpdateTask u;
+            u.idx = idx.data();
+            u.td = td.data();
+            u.n = idx.size();
+            u.epoch = epoch;
+            u.filled_only = filled_only;
+            {
+              ReleasedGil nogil;
+              detail::apply_update(context, job, u);
+            }
+            if (u.error == JobError::kIndex) throw py::index_error(u.message);
+            if (u.error == JobError::kValue) throw py::value_error(u.message);
+            if (u.error != JobError::kNone) throw std::runtime_error(u.message);
+            return py::make_tuple(u.dropped, u.max_raw);
+          },
+          py::arg("indices"), py::arg("td_errors"), py::arg("alpha"), py::arg("eps"), py::arg("limit"),
+          py::arg("written_at"), py::arg("epoch"), py::arg("filled_only") = false,
+          "update_td for a batch drawn at write `epoch`, the relaxed pipeline's executor's rule: entries "
+          "whose "
+          "slot was written after it (written_at[slot] > epoch; written_at None: none) are dropped, and with "
+          "filled_only an index whose leaf is 0 is refused (IndexError). Returns (entries dropped, "
+          "max(td + eps) of the rest); nothing changes on error, whose positions count the entries kept.")
       .def(
           "get",
           [](const PySumTree& t, py::handle idx_obj) {

@@ -15,10 +15,20 @@ import torch
 from hetero_replay import PEROptions
 from hetero_replay.priorities import Priorities
 
+#: The rule runs in C++ on the native tree (the native executor's code) and in NumPy on the others:
+#: every test of it runs on both, and on float64 leaves.
+TREES = [("native", "float32"), ("native", "float64"), ("numpy", "float32")]
 
-def tracked(capacity: int = 8, filled: int = 6) -> tuple[Priorities, int]:
+
+@pytest.fixture(params=TREES, ids=["-".join(t) for t in TREES])
+def tree(request: pytest.FixtureRequest) -> tuple[str, str]:
+    return request.param
+
+
+def tracked(tree: tuple[str, str], capacity: int = 8, filled: int = 6) -> tuple[Priorities, int]:
     """Priorities with ``filled`` slots written, then slot 0 rewritten; returns them and the epoch in between."""
-    p = Priorities(capacity, PEROptions(alpha=1.0, eps=0.5))
+    backend, dtype = tree
+    p = Priorities(capacity, PEROptions(alpha=1.0, eps=0.5, tree=backend, priority_dtype=dtype))
     p.track_writes()
     p.assign_new(np.arange(filled))
     epoch = p.write_epoch
@@ -26,8 +36,8 @@ def tracked(capacity: int = 8, filled: int = 6) -> tuple[Priorities, int]:
     return p, epoch
 
 
-def test_entries_of_rewritten_slots_are_dropped_the_rest_land() -> None:
-    p, epoch = tracked()
+def test_entries_of_rewritten_slots_are_dropped_the_rest_land(tree: tuple[str, str]) -> None:
+    p, epoch = tracked(tree)
     dropped, snapshot = p.update_since(np.array([0, 1, 2]), np.array([5.0, 6.0, 7.0]), epoch)
     assert (dropped, snapshot) == (1, None)
     np.testing.assert_array_equal(p.leaves()[:3], [1.0, 6.5, 7.5])  # slot 0 keeps its new transition's priority
@@ -37,8 +47,8 @@ def test_entries_of_rewritten_slots_are_dropped_the_rest_land() -> None:
     assert p.leaves()[0] == 1.5
 
 
-def test_one_epoch_per_entry() -> None:
-    p, epoch = tracked()
+def test_one_epoch_per_entry(tree: tuple[str, str]) -> None:
+    p, epoch = tracked(tree)
     # slot 0 as drawn before its rewrite, slot 0 as drawn after it, slot 1 as drawn before its first write
     epochs = np.array([epoch, p.write_epoch, 0])
     dropped, _ = p.update_since(np.array([0, 0, 1]), np.array([3.0, 4.0, 2.0]), epochs)
@@ -46,8 +56,8 @@ def test_one_epoch_per_entry() -> None:
     np.testing.assert_array_equal(p.leaves()[:2], [4.5, 1.0])
 
 
-def test_keep_undo_restores_exactly_what_the_update_changed() -> None:
-    p, epoch = tracked()
+def test_keep_undo_restores_exactly_what_the_update_changed(tree: tuple[str, str]) -> None:
+    p, epoch = tracked(tree)
     p.update(np.array([3]), np.array([2.0]))
     before, max_before = p.leaves(), p.max_priority
     dropped, snapshot = p.update_since(np.array([0, 3, 4]), np.array([9.0, 8.0, 7.0]), epoch, keep_undo=True)
@@ -59,15 +69,15 @@ def test_keep_undo_restores_exactly_what_the_update_changed() -> None:
     assert p.max_priority == max_before
 
 
-def test_torch_td_errors_are_selected_where_they_live() -> None:
-    p, epoch = tracked()
+def test_torch_td_errors_are_selected_where_they_live(tree: tuple[str, str]) -> None:
+    p, epoch = tracked(tree)
     dropped, _ = p.update_since(np.array([0, 2]), torch.tensor([3.0, 4.0]), epoch)
     assert dropped == 1 and p.leaves()[2] == 4.5
 
 
 @pytest.mark.parametrize("stale", [True, False], ids=["stale-entries", "none-stale"])
-def test_refused_calls_change_nothing(stale: bool) -> None:
-    p, epoch = tracked()
+def test_refused_calls_change_nothing(stale: bool, tree: tuple[str, str]) -> None:
+    p, epoch = tracked(tree)
     at = epoch if stale else p.write_epoch
     before = p.leaves()
     with pytest.raises(ValueError, match="TD errors|priorities"):
@@ -82,14 +92,47 @@ def test_refused_calls_change_nothing(stale: bool) -> None:
     assert p.max_priority == 1.0
 
 
-def test_needs_track_writes() -> None:
-    p = Priorities(4)
+def test_needs_track_writes(tree: tuple[str, str]) -> None:
+    p = Priorities(4, PEROptions(tree=tree[0], priority_dtype=tree[1]))
     with pytest.raises(RuntimeError, match="track_writes"):
         p.update_since(np.array([0]), np.array([1.0]), 0)
 
 
-def test_check_filled_names_the_first_empty_slot() -> None:
-    p, _ = tracked()
+def test_the_native_and_numpy_rules_agree_on_random_writes_and_late_updates() -> None:
+    """Random adds, clears and late updates (some refused) give both trees the same drops, leaves and max."""
+    rng = np.random.default_rng(7)
+    pair = [
+        Priorities(32, PEROptions(alpha=0.7, eps=0.01, tree=b, priority_dtype="float64")) for b in ("native", "numpy")
+    ]
+    for p in pair:
+        p.track_writes()
+        p.assign_new(np.arange(20))
+    epochs = [0]
+    for step in range(300):
+        kind = rng.integers(3)
+        idx = rng.integers(0, 24, 8)
+        if kind == 0:
+            for p in pair:
+                p.assign_new(idx[:2]) if step % 2 else p.clear(idx[:1])
+            epochs.append(pair[0].write_epoch)
+            continue
+        td = rng.exponential(1.0, 8)
+        if kind == 2 and step % 5 == 0:
+            td[3] = np.nan  # refused by both, changing nothing
+        epoch = int(rng.choice(epochs[-6:]))
+        outcomes = []
+        for p in pair:
+            try:
+                outcomes.append(p.update_since(idx, td, epoch, filled_only=kind == 2))
+            except (ValueError, IndexError) as e:
+                outcomes.append(type(e).__name__)
+        assert outcomes[0] == outcomes[1], f"step {step}"
+        np.testing.assert_array_equal(pair[0].leaves(), pair[1].leaves())
+        assert pair[0].max_priority == pair[1].max_priority
+
+
+def test_check_filled_names_the_first_empty_slot(tree: tuple[str, str]) -> None:
+    p, _ = tracked(tree)
     p.check_filled(np.array([0, 5]))
     p.clear(np.array([5]))
     with pytest.raises(IndexError, match="position 1 is 5"):

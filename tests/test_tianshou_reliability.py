@@ -75,9 +75,12 @@ def stored_ids(buf: Buffer) -> np.ndarray:
     """Ids of every stored transition; checks the rows are whole and exactly the stored slots have priorities."""
     with buf.lock:
         indices = np.sort(buf.sample_indices(0))
-        batch = buf[indices]
         leaves = buf.priority_tree.leaves()
         assert len(indices) == len(buf)
+        if not len(indices):  # copied before the first add: Tianshou has no fields to read yet
+            assert not leaves.any()
+            return np.empty(0, np.int64)
+        batch = buf[indices]
     assert not torn(batch).any(), "a stored row mixes two transitions"
     np.testing.assert_array_equal(np.flatnonzero(leaves), indices)
     k = batch.act

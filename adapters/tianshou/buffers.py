@@ -180,11 +180,17 @@ def _drawn_count(batch_size: Any) -> int:
 
 
 def _td_magnitudes(td_errors: Any) -> np.ndarray:
-    """``|td_errors|`` as a flat float64 array; ``TypeError`` unless they are real numbers."""
+    """``|td_errors|`` as a flat float array; ``TypeError`` unless they are real numbers.
+
+    Floats keep their dtype (the magnitude of a float32 is exact, and trees widen it exactly);
+    integers become float64 first, where the magnitude of the most negative one cannot wrap.
+    """
     errors = np.asarray(td_errors)
     if errors.dtype.kind not in "iuf":  # bools, text, objects, complex numbers
         raise TypeError(f"new_weight (TD errors) must be real numbers, got {errors.dtype} values")
-    return np.abs(errors.astype(np.float64, copy=False)).ravel()
+    if errors.dtype.kind != "f":
+        errors = errors.astype(np.float64)
+    return np.abs(errors).ravel()
 
 
 def _as_indices(index: Any, name: str = "index") -> np.ndarray:
@@ -770,7 +776,7 @@ class _TreePriorities:
         """``(indices, |TD errors|)`` as the priorities take them, from what Tianshou's algorithms pass.
 
         ``index`` must be 1-D integers; the (signed) TD errors real numbers,
-        as a float64 array, or as the tensor where it lives for a device tree.
+        as a float array, or as the tensor where it lives for a device tree.
         Stored transitions are the slots with a positive priority (``eps > 0``
         is checked at construction), hence ``filled_only`` where these go.
         """
@@ -781,7 +787,7 @@ class _TreePriorities:
             if is_device_tree(self.priority_tree):
                 td = new_weight.detach().reshape(-1).abs()  # a device tree takes the tensor where it is
             else:
-                td = _td_magnitudes(new_weight.detach().cpu().numpy())
+                td = _td_magnitudes(new_weight.numpy(force=True))  # detached, on the host: one torch call
         else:
             td = _td_magnitudes(new_weight)
         idx = _as_indices(index)

@@ -50,6 +50,9 @@ struct UpdateTask {
   const double* td = nullptr;
   int64_t n = 0;
   int64_t epoch = 0;
+  // Refuse indices whose slot holds priority 0 (never written, or cleared): for owners whose
+  // filled slots are not a prefix of the tree (then `limit` cannot say which slots are filled).
+  bool filled_only = false;
   // Keep what undoes it (an update applied ahead of the batch served next): the
   // kept indices and their leaves before the update, `n` entries of room each.
   int64_t* undo_idx = nullptr;
@@ -109,6 +112,19 @@ inline JobError error_kind(const std::exception_ptr& e, std::string& message) {
   }
 }
 
+// std::out_of_range naming the first of idx[0..n) outside the tree or whose leaf is 0.
+inline void require_filled(const SumTreeBase& tree, const int64_t* idx, int64_t n) {
+  std::vector<double> leaves(static_cast<size_t>(n));
+  tree.get(idx, n, leaves.data());  // checks the range; float32 leaves fill the first half
+  const auto* narrow = reinterpret_cast<const float*>(leaves.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const double leaf = tree.value_bytes() == 8 ? leaves[i] : static_cast<double>(narrow[i]);
+    if (!(leaf > 0.0))
+      throw std::out_of_range("index at position " + std::to_string(i) + " is " + std::to_string(idx[i]) +
+                              ", which holds no stored transition");
+  }
+}
+
 inline void apply_update(const JobContext& c, const Job& job, UpdateTask& u) {
   std::vector<int64_t> kept_idx;
   std::vector<double> kept_td;
@@ -137,6 +153,7 @@ inline void apply_update(const JobContext& c, const Job& job, UpdateTask& u) {
   }
   std::unique_lock<std::shared_mutex> lock(c.tree->mutex());
   try {
+    if (u.filled_only) require_filled(*c.tree, idx, n);
     if (u.undo_idx) {
       for (int64_t i = 0; i < n; ++i) {
         if (idx[i] < 0 || idx[i] >= c.capacity)

@@ -85,7 +85,6 @@ class HostStorage:
         }
         self._names = list(self.schema)
         self._raw_names = list(raw)
-        self._fields = list(raw.items())
         self._rows = RowAccess(list(self.arrays.values())) if raw else None
 
     def validate(self, batch: Mapping[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
@@ -118,10 +117,7 @@ class HostStorage:
 
     def _write_raw(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
         if self._rows is not None and arrays.keys() == self.arrays.keys():  # the common case: one C++ call
-            try:  # the arrays as validated: usually contiguous, in the fields' dtypes (it checks before writing)
-                self._rows.write(start, [arrays[n] for n, _ in self._fields])
-            except ValueError:  # strided, or an equal dtype of another object (unpickled): converted
-                self._rows.write(start, [np.ascontiguousarray(arrays[n], dtype=f.dtype) for n, f in self._fields])
+            self._rows.write(start, [arrays[n] for n in self._raw_names])
             return
         for name, arr in arrays.items():
             rows, dst = len(arr), self.arrays[name]
