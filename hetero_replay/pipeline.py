@@ -121,7 +121,9 @@ class _Drawn:
     step: int
     batch: Sample  # weights are p_min / p_i (beta 1), raised to the sample's beta when served
     batch_size: int
-    rng_state: Any  # what rewinds the generator to before the draw (the executor's: see ``_rewind``), or None
+    # Where the generator was before the draw, in the executor's terms (``_rewind`` reads it): the state
+    # itself for the Python executors, the uniforms drawn since the mark for the native one; None: kept nowhere.
+    rewind_to: Any
     epoch: int
     ready_event: Any = None
     beta: float | None = None  # the beta ``weights`` are raised to, if any
@@ -625,8 +627,8 @@ class _Pipeline:
 
     def _rewind(self, drawn: _Drawn) -> None:
         """Put the generator back where it was before ``drawn`` was drawn (the learner's own draws keep nothing)."""
-        if drawn.rng_state is not None:
-            self.replay.rng.bit_generator.state = drawn.rng_state
+        if drawn.rewind_to is not None:
+            self.replay.rng.bit_generator.state = drawn.rewind_to
 
     def _draw_here(self, n: int) -> Sample:
         """The learner draws the batch it asks for itself (nothing was drawn ahead for it)."""
@@ -934,7 +936,7 @@ class _NativePipeline(_Pipeline):
         self.ready.append(_Drawn(step, None, n, at, self.replay.write_epoch, job=job))  # type: ignore[arg-type]
 
     def _rewind(self, drawn: _Drawn) -> None:
-        self.mark.rewind(drawn.rng_state)
+        self.mark.rewind(drawn.rewind_to)
 
     def _draw_here(self, n: int) -> Sample:
         self.mark.forget()  # the generator moves outside the executor's count

@@ -144,6 +144,11 @@ def test_update_priorities_sets_exact_priorities_and_is_weights() -> None:
     np.testing.assert_allclose(s.weights.numpy()[:, 0], 0.5 / np.array([0.5, 1, 2, 3])[s.indices], rtol=1e-6)
     add_row(buf, 4)  # new transitions get the largest priority seen so far
     assert buf.priorities()[4, 0] == pytest.approx(3.0)
+    # integers and booleans too; the magnitude of the most negative int64 does not wrap
+    buf.update_priorities(np.arange(3), np.array([np.iinfo(np.int64).min, -4, 1]))
+    np.testing.assert_allclose(buf.priorities()[:3, 0], [2.0**31.5, 2.0, 1.0])
+    buf.update_priorities(np.arange(2), np.array([True, False]))
+    np.testing.assert_allclose(buf.priorities()[:2, 0], [1.0, 0.0])
 
 
 def test_beta_controls_the_weights() -> None:

@@ -702,9 +702,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             else:
                 raw = np.asarray(td_errors)
             raw = raw.reshape(-1)
-            if raw.dtype.kind not in "biuf":
-                raise TypeError(f"update_priorities: td_errors must be numbers, got dtype {raw.dtype}")
-            td = np.abs(raw, dtype=np.float64)  # the tree takes float64: one NumPy call, not abs then a cast
+            if raw.dtype.kind != "f":
+                if raw.dtype.kind not in "biu":
+                    raise TypeError(f"update_priorities: td_errors must be numbers, got dtype {raw.dtype}")
+                raw = raw.astype(np.float64)  # the magnitude of the most negative integer cannot wrap
+            td = np.abs(raw)  # floats keep their dtype: a magnitude is exact, and the tree widens it exactly
             del raw
             indices = np.asarray(indices)
         if indices.ndim != 1:

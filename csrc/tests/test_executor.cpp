@@ -200,3 +200,32 @@ TEST_CASE(executor, a_draw_from_an_empty_tree_fails_and_writes_nothing) {
   CHECK(job->draw.error == JobError::kValue);
   CHECK(run.idx_out.back() == before);
 }
+
+TEST_CASE(executor, a_filled_only_update_refuses_an_empty_slot_and_changes_nothing) {
+  Run run;
+  run.tree.update(std::vector<int64_t>{7}, std::vector<float>{0.0f});  // slot 7: cleared
+  const std::vector<float> before = run.tree.leaves();
+  Job job;
+  job.alpha = 1.0;
+  job.eps = 0.5;
+  job.limit = kCapacity;
+  std::vector<int64_t> idx{1, 7, 2};
+  std::vector<double> td{1.0, 2.0, 3.0};
+  UpdateTask u;
+  u.idx = idx.data();
+  u.td = td.data();
+  u.n = 3;
+  u.epoch = 9;
+  u.filled_only = true;
+  hetero_replay::detail::apply_update(run.context(), job, u);
+  CHECK(u.error == JobError::kIndex);
+  CHECK(u.message.find("position 1 is 7, which holds no stored transition") != std::string::npos);
+  CHECK(same_bits(run.tree.leaves(), before));
+  idx[1] = 4;  // filled: the update lands, the epoch rule still applies (slot 1 not rewritten, 2 neither)
+  UpdateTask ok = u;
+  ok.error = JobError::kNone;
+  ok.message.clear();
+  hetero_replay::detail::apply_update(run.context(), job, ok);
+  CHECK(ok.error == JobError::kNone && ok.kept == 3 && ok.max_raw == 3.5);
+  CHECK(run.tree.leaves()[4] == 2.5f);
+}
