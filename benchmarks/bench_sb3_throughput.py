@@ -3,7 +3,8 @@
 What a Stable-Baselines3 user pays for prioritized replay, end to end: the same
 ``learn`` loop with SB3's own buffer and with ours (strict, and with
 ``staleness``), one torch thread, runs interleaved so that drifts of a shared
-machine fall on every variant alike. Prints each variant's median env-steps/s
+machine fall on every variant alike (each variant leads one repeat in turn, so none always runs
+last). Prints each variant's median env-steps/s
 and its median ratio (of paired runs) to the stock algorithm. Cases:
 
 * ``cartpole``: DQN vs ``PERDQN`` on CartPole-v1, rl-zoo's DQN hyperparameters (buffer 50k);
@@ -27,6 +28,7 @@ algorithm's, so that a gap in env-steps/s can be put where it is spent.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from collections import Counter
@@ -137,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     rates: dict[str, list[float]] = {v: [] for v in variants}
     phases: dict[str, list[Counter[str]]] = {v: [] for v in variants}
     for r in range(args.repeats):
-        for v in variants:
+        for v in variants[r % len(variants) :] + variants[: r % len(variants)]:  # each variant leads in turn
+            gc.collect()  # the last run's model goes now, not during this one
             phases[v].append(Counter())
             rates[v].append(run(args.case, v, args.steps, seed=r, phases=phases[v][-1] if args.phases else None))
             print(f"repeat {r + 1}/{args.repeats} {names[v]:22s} {rates[v][-1]:8.0f} env-steps/s", flush=True)

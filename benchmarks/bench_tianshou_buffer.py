@@ -42,6 +42,7 @@ CartPole-shaped, as Tianshou's ``Collector`` stores them. Results go to
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import sys
@@ -112,6 +113,7 @@ def end_to_end(steps: int, repeats: int, warmup: int | None = None) -> int:
     for r in range(repeats):
         order = list(E2E) if r % 2 == 0 else list(reversed(E2E))  # alternate who runs first
         for label in order:
+            gc.collect()  # the last run's objects go now, not during this one
             ours, staleness = E2E[label]
             rates[label].append(train_rate(ours, staleness, steps, seed=r, warmup=warmup))
             wall, cpu = rates[label][-1]

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <utility>
 
 #include "hetero_replay/executor.hpp"
 #include "hetero_replay/gather.hpp"
@@ -54,6 +55,18 @@ void require_numeric(const py::array& arr, const char* what) {
   if (arr.size() > 0 && k != 'f' && k != 'i' && k != 'u')
     throw py::type_error(std::string(what) + " must be real numbers, got dtype " +
                          py::str(arr.dtype()).cast<std::string>());
+}
+
+// An update's indices (int64) and TD errors (float64), as many of each, or the error naming the mismatch.
+std::pair<IndexArray, DoubleArray> td_inputs(py::handle idx_obj, py::handle td_obj) {
+  IndexArray idx = as_indices(idx_obj);
+  py::array td_any = as_1d(td_obj, "td_errors");
+  require_numeric(td_any, "td_errors");
+  DoubleArray td = DoubleArray::ensure(td_any);
+  if (td.size() != idx.size())
+    throw py::value_error("got " + std::to_string(idx.size()) + " indices but " + std::to_string(td.size()) +
+                          " TD errors");
+  return {std::move(idx), std::move(td)};
 }
 
 // A tree plus what the bindings need around it: the value dtype and the NumPy
@@ -309,13 +322,7 @@ writers and readers are serialised by an internal reader/writer lock.
           "update_td",
           [](PySumTree& t, py::handle idx_obj, py::handle td_obj, double alpha, double eps,
              std::optional<int64_t> limit) {
-            IndexArray idx = as_indices(idx_obj);
-            py::array td_any = as_1d(td_obj, "td_errors");
-            require_numeric(td_any, "td_errors");
-            DoubleArray td = DoubleArray::ensure(td_any);
-            if (td.size() != idx.size())
-              throw py::value_error("got " + std::to_string(idx.size()) + " indices but " +
-                                    std::to_string(td.size()) + " TD errors");
+            auto [idx, td] = td_inputs(idx_obj, td_obj);
             ReleasedGil nogil;
             std::unique_lock lock(t.tree->mutex());
             return t.tree->update_td(idx.data(), td.data(), idx.size(), alpha, eps,
@@ -329,13 +336,7 @@ writers and readers are serialised by an internal reader/writer lock.
           "update_td_since",
           [](PySumTree& t, py::handle idx_obj, py::handle td_obj, double alpha, double eps,
              std::optional<int64_t> limit, py::object written_at, int64_t epoch, bool filled_only) {
-            IndexArray idx = as_indices(idx_obj);
-            py::array td_any = as_1d(td_obj, "td_errors");
-            require_numeric(td_any, "td_errors");
-            DoubleArray td = DoubleArray::ensure(td_any);
-            if (td.size() != idx.size())
-              throw py::value_error("got " + std::to_string(idx.size()) + " indices but " +
-                                    std::to_string(td.size()) + " TD errors");
+            auto [idx, td] = td_inputs(idx_obj, td_obj);
             JobContext context{t.tree.get(), {}, nullptr, t.tree->capacity()};
             if (!written_at.is_none()) {
               py::array w = py::reinterpret_borrow<py::array>(written_at);
