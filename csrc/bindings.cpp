@@ -339,10 +339,12 @@ writers and readers are serialised by an internal reader/writer lock.
             auto [idx, td] = td_inputs(idx_obj, td_obj);
             JobContext context{t.tree.get(), {}, nullptr, t.tree->capacity()};
             if (!written_at.is_none()) {
+              const char* wrong = "written_at must be a C-contiguous int64 array of capacity entries";
+              if (!py::isinstance<py::array>(written_at)) throw py::value_error(wrong);
               py::array w = py::reinterpret_borrow<py::array>(written_at);
-              if (!py::isinstance<py::array>(written_at) || !(w.flags() & py::array::c_style) ||
-                  !w.dtype().equal(py::dtype::of<int64_t>()) || w.size() != context.capacity)
-                throw py::value_error("written_at must be a C-contiguous int64 array of capacity entries");
+              if (!(w.flags() & py::array::c_style) || !w.dtype().equal(py::dtype::of<int64_t>()) ||
+                  w.size() != context.capacity)
+                throw py::value_error(wrong);
               context.written_at = static_cast<const int64_t*>(w.data());
             }
             Job job;
@@ -366,10 +368,9 @@ writers and readers are serialised by an internal reader/writer lock.
           },
           py::arg("indices"), py::arg("td_errors"), py::arg("alpha"), py::arg("eps"), py::arg("limit"),
           py::arg("written_at"), py::arg("epoch"), py::arg("filled_only") = false,
-          "update_td for a batch drawn at write `epoch`, the relaxed pipeline's executor's rule: entries "
-          "whose "
-          "slot was written after it (written_at[slot] > epoch; written_at None: none) are dropped, and with "
-          "filled_only an index whose leaf is 0 is refused (IndexError). Returns (entries dropped, "
+          "update_td for a batch drawn at write `epoch`, by the native executor's rule: entries whose "
+          "slot was written after it (written_at[slot] > epoch; written_at None: none) are dropped, and "
+          "with filled_only an index whose leaf is 0 is refused (IndexError). Returns (entries dropped, "
           "max(td + eps) of the rest); nothing changes on error, whose positions count the entries kept.")
       .def(
           "get",
