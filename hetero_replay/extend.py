@@ -47,7 +47,7 @@ from hetero_replay.forksafe import OUTER, ForkSafeLock, holding
 from hetero_replay.options import check_beta
 from hetero_replay.pipeline import AUTO_WINDOW
 from hetero_replay.placement import HOST, one_policy_placement
-from hetero_replay.priorities import Normalise, check_normalise, normalise_by_batch
+from hetero_replay.priorities import Normalise, check_normalise, normalise_by_batch, td_magnitudes
 from hetero_replay.registry import install_hint
 from hetero_replay.schedule import PendingUpdate, Schedule
 from hetero_replay.storage.durable import DURABLE, DurableFile, FlushSchedule, check_path, read_point
@@ -56,6 +56,7 @@ from hetero_replay.torch_batches import same_device
 from hetero_replay.trees.base import is_device_tree
 
 __all__ = [
+    "td_magnitudes",
     "is_device_tree",
     "ALGOS",
     "AUTO_WINDOW",

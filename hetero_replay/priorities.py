@@ -202,8 +202,7 @@ class Priorities:
         replay's indices each carry their own). Needs :meth:`track_writes`.
         Indices out of range are left for the update to refuse.
         """
-        if self._written_at is None:
-            raise RuntimeError("update_since needs track_writes() first")
+        assert self._written_at is not None  # update_since checked
         per_entry = np.ndim(epoch) > 0
         if not per_entry and epoch >= self._epoch:
             return None
@@ -296,10 +295,10 @@ class Priorities:
                 count the entries not dropped), or a number of TD errors other
                 than the number of indices; nothing changes on error.
         """
+        if self._written_at is None:
+            raise RuntimeError("update_since needs track_writes() first")
         if isinstance(self.tree, _native.SumTree) and not keep_undo and np.ndim(epoch) == 0:
             # The native executor's code for the rule, in one call: a NumPy mask costs ~10 cold calls.
-            if self._written_at is None:
-                raise RuntimeError("update_since needs track_writes() first")
             dropped, max_raw = self.tree.update_td_since(
                 indices, td_errors, self._alpha, self._eps, limit, self._written_at, int(epoch), filled_only
             )
@@ -391,6 +390,18 @@ class Priorities:
         )
 
 
+def td_magnitudes(errors: np.ndarray) -> np.ndarray:
+    """``|errors|`` of a NumPy array of numbers, flattened, in a float dtype the trees take exactly.
+
+    Floats keep their dtype (a float's magnitude is exact, and trees widen it exactly); integers and
+    booleans become float64 first, so the magnitude of the most negative integer cannot wrap. The
+    caller checks, with its own words, that ``errors`` holds numbers.
+    """
+    if errors.dtype.kind != "f":
+        errors = errors.astype(np.float64)
+    return np.abs(errors).reshape(-1)
+
+
 def _size(values: Any) -> int:
     """Number of entries of a NumPy array, array-like or tensor."""
     return int(values.numel()) if hasattr(values, "numel") else int(np.size(values))
@@ -412,4 +423,4 @@ def _host(x: Any) -> Any:
     return x.get() if hasattr(x, "__cuda_array_interface__") else x
 
 
-__all__ = ["Normalise", "Priorities", "PrioritySnapshot"]
+__all__ = ["Normalise", "Priorities", "PrioritySnapshot", "td_magnitudes"]

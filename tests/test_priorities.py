@@ -158,3 +158,14 @@ def test_new_transitions_get_max_priority_to_the_current_alpha_whatever_changed_
     p.load(p.leaves(), max_priority=4.0)
     p.assign_new(np.array([5]))
     assert p.leaves()[5] == np.float32(4.0)
+
+
+@pytest.mark.parametrize(
+    "written_at", [[0] * 8, np.zeros(8, np.int32), np.zeros(4, np.int64), np.zeros((8, 2), np.int64)[:, 0]]
+)
+def test_the_native_rule_refuses_write_epochs_it_cannot_read(written_at: object) -> None:
+    p, _ = tracked(("native", "float32"))
+    before = p.leaves()
+    with pytest.raises(ValueError, match="written_at must be a C-contiguous int64 array of capacity entries"):
+        p.tree.update_td_since(np.array([1]), np.array([1.0]), 1.0, 0.0, None, written_at, 0)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(p.leaves(), before)

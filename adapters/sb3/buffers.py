@@ -63,6 +63,7 @@ from hetero_replay.extend import (
     normalise_by_batch,
     one_policy_placement,
     same_device,
+    td_magnitudes,
 )
 
 #: A buffer sampled this many times in a row without ``update_priorities`` warns once.
@@ -701,12 +702,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 raw = td_errors.numpy(force=True)
             else:
                 raw = np.asarray(td_errors)
-            raw = raw.reshape(-1)
-            if raw.dtype.kind != "f":
-                if raw.dtype.kind not in "biu":
-                    raise TypeError(f"update_priorities: td_errors must be numbers, got dtype {raw.dtype}")
-                raw = raw.astype(np.float64)  # the magnitude of the most negative integer cannot wrap
-            td = np.abs(raw)  # floats keep their dtype: a magnitude is exact, and the tree widens it exactly
+            if raw.dtype.kind not in "biuf":
+                raise TypeError(f"update_priorities: td_errors must be numbers, got dtype {raw.dtype}")
+            td = td_magnitudes(raw)
             del raw
             indices = np.asarray(indices)
         if indices.ndim != 1:

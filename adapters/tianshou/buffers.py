@@ -114,6 +114,7 @@ from hetero_replay.extend import (
     check_seed,
     holding,
     is_device_tree,
+    td_magnitudes,
 )
 
 #: The keys ``ReplayBuffer.__getitem__`` always returns (filled with empty Batches if not stored).
@@ -180,17 +181,12 @@ def _drawn_count(batch_size: Any) -> int:
 
 
 def _td_magnitudes(td_errors: Any) -> np.ndarray:
-    """``|td_errors|`` as a flat float array; ``TypeError`` unless they are real numbers.
-
-    Floats keep their dtype (the magnitude of a float32 is exact, and trees widen it exactly);
-    integers become float64 first, where the magnitude of the most negative one cannot wrap.
-    """
+    """``|td_errors|`` as a flat float array (:func:`~hetero_replay.extend.td_magnitudes`); ``TypeError``
+    unless they are real numbers."""
     errors = np.asarray(td_errors)
     if errors.dtype.kind not in "iuf":  # bools, text, objects, complex numbers
         raise TypeError(f"new_weight (TD errors) must be real numbers, got {errors.dtype} values")
-    if errors.dtype.kind != "f":
-        errors = errors.astype(np.float64)
-    return np.abs(errors).ravel()
+    return td_magnitudes(errors)
 
 
 def _as_indices(index: Any, name: str = "index") -> np.ndarray:
