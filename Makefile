@@ -20,8 +20,12 @@ demo: $(STAMP)
 	$(BIN)/hetero-replay compare --lib sb3 --algo dqn --env CartPole-v1 --steps 15000 --seeds 2 --eval-every 1500
 	$(BIN)/python benchmarks/bench_replay.py --quick
 
+# pytest runs on TEST_WORKERS processes (pytest-xdist), each test file on one of them: most tests keep one core
+# busy, and two workers took it from 19 to 11 min on 2 cores. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 	bash csrc/tests/run.sh
 	bash hls/tb/run.sh
 	$(MAKE) --no-print-directory test-fpga-board
