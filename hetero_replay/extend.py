@@ -23,7 +23,9 @@ nothing of the core but :mod:`hetero_replay` and this module
 * ``install_hint``: how a user installs an extra, for "needs X" messages;
 * ``RowStager``: one environment step's transitions checked and copied into
   staging rows in one native call, for an adapter whose host library adds a
-  step at a time (it only accepts; the adapter's checks handle the rest);
+  step at a time (it only accepts; the adapter's checks handle the rest), and
+  ``CheckedRows``: those staged rows handed to the replay, which does not check
+  them again;
 * ``same_device``, ``Normalise`` (with ``check_normalise`` and the batch rule
   ``normalise_by_batch``) and ``PLAIN_KINDS``: the device comparison, the
   IS-weight normalisations and the dtype kinds a schema stores as is.
@@ -50,6 +52,7 @@ from hetero_replay.placement import HOST, one_policy_placement
 from hetero_replay.priorities import Normalise, check_normalise, normalise_by_batch, td_magnitudes
 from hetero_replay.registry import install_hint
 from hetero_replay.schedule import PendingUpdate, Schedule
+from hetero_replay.storage.base import CheckedRows
 from hetero_replay.storage.durable import DURABLE, DurableFile, FlushSchedule, check_path, read_point
 from hetero_replay.storage.schema import PLAIN_KINDS
 from hetero_replay.torch_batches import same_device
@@ -69,6 +72,7 @@ __all__ = [
     "Advice",
     "AutoPlacement",
     "Candidate",
+    "CheckedRows",
     "Clock",
     "DurableFile",
     "FlushSchedule",

@@ -75,6 +75,8 @@ class Priorities:
 
     #: ``(max_priority, alpha, new_priority())`` as last computed (a class default: older pickles lack it).
     _new: tuple[float, float, Any] | None = None
+    #: ``(priority, leaves)``: ``priority`` repeated, as :meth:`assign_new` last wrote it (most adds reuse it).
+    _new_leaves: tuple[Any, np.ndarray] | None = None
 
     def __init__(self, capacity: int, options: PEROptions | None = None, tree_device: Any = None) -> None:
         self.options = options if options is not None else PEROptions()
@@ -154,7 +156,11 @@ class Priorities:
     def assign_new(self, indices: Any, priority: Any = None) -> None:
         """Give new transitions at ``indices`` the priority :meth:`new_priority` (checked first)."""
         value = self.new_priority() if priority is None else priority
-        self.tree.update(indices, np.full(len(indices), value, self.tree.dtype))
+        cached = self._new_leaves
+        if cached is None or cached[0] is not value or len(cached[1]) != len(indices):
+            # A cold np.full costs an add ~20 us; trees copy the leaves they are given, so one array serves.
+            cached = self._new_leaves = (value, np.full(len(indices), value, self.tree.dtype))
+        self.tree.update(indices, cached[1])
         self._wrote(indices)
 
     def clear(self, indices: Any) -> None:

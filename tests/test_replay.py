@@ -256,3 +256,56 @@ def test_update_priorities_since_takes_one_epoch_per_entry() -> None:
     assert dropped == 1  # slot 0 as drawn at epoch1 held another row; at the current epoch it is the same row
     np.testing.assert_array_equal(buf.priorities.leaves()[:2], [9.0, 8.0])
     assert epoch0 == 0
+
+
+def test_checked_rows_of_its_schema_are_taken_unchecked_and_others_are_checked(buf):
+    """An adapter's staged rows (CheckedRows of the replay's own schema) skip the batch checks; rows vouched for
+    another schema object, even an equal one, are checked as any batch."""
+    from hetero_replay.extend import CheckedRows
+    from hetero_replay.storage.base import check_host_batch
+
+    storage = buf.storage
+    rows = CheckedRows(storage.schema, 4, make_batch(4, start=40))
+    assert check_host_batch(storage.schema, storage.capacity, rows) == (4, rows)
+    assert check_host_batch(storage.schema, storage.capacity, rows)[1] is rows
+    np.testing.assert_array_equal(buf.add(rows), np.arange(40, 44))
+    np.testing.assert_array_equal(buf.storage.gather(np.arange(40, 44))["action"], np.arange(40, 44))
+    bad = make_batch(4, start=44)
+    bad["action"] = bad["action"].astype(np.float32)
+    before = snapshot(buf)
+    with pytest.raises(ValueError, match="field 'action': dtype float32 does not cast to int64"):
+        buf.add(CheckedRows(Schema(SCHEMA), 4, bad))  # an equal schema, not the replay's: checked
+    with pytest.raises(ValueError, match="does not fit a capacity of 100"):
+        buf.add(CheckedRows(storage.schema, 101, make_batch(101)))
+    assert_unchanged(buf, before)
+
+
+def test_checked_rows_that_break_their_promise_are_refused_by_the_row_write_changing_nothing() -> None:
+    """The host storage's C++ row write still refuses an array of another dtype before writing anything."""
+    from hetero_replay.extend import CheckedRows
+
+    buf = PrioritizedReplay(100, SCHEMA, seed=0)
+    buf.add(make_batch(40))
+    bad = make_batch(4, start=40)
+    bad["action"] = bad["action"].astype(np.float32)
+    before = snapshot(buf)
+    with pytest.raises(ValueError, match="must have the field's dtype"):
+        buf.add(CheckedRows(buf.storage.schema, 4, bad))
+    assert_unchanged(buf, before)
+
+
+def test_new_rows_get_the_max_priority_of_the_moment_whatever_the_batch_lengths_before(backend):
+    """assign_new reuses its array of new priorities: it must follow max_priority, alpha and the batch length."""
+    buf = PrioritizedReplay(64, SCHEMA, alpha=0.5, tree=backend, seed=0)
+    buf.add(make_batch(4))
+    buf.add(make_batch(4, start=4))
+    buf.update_priorities(np.arange(2), np.array([3.0, 0.5]))  # max priority 3 + eps
+    buf.add(make_batch(4, start=8))
+    buf.add(make_batch(3, start=12))
+    buf.alpha = 1.0
+    buf.add(make_batch(3, start=15))
+    leaves = buf.tree.leaves()[:18]
+    high = buf.max_priority
+    np.testing.assert_allclose(leaves[2:8], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(leaves[8:15], high**0.5, rtol=1e-6)
+    np.testing.assert_allclose(leaves[15:18], high, rtol=1e-6)

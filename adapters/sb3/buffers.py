@@ -53,6 +53,7 @@ from hetero_replay import (
 )
 from hetero_replay.extend import (
     OUTER,
+    CheckedRows,
     ForkSafeLock,
     Normalise,
     RowStager,
@@ -549,7 +550,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         ``optimize_memory_usage`` (the engine keeps it only for the newest row).
         """
         self._stage_capacity = min(STAGE_ROWS, self.buffer_size)
-        self._stage_fields = dict(self._replay.schema.items())
+        self._stage_schema = self._replay.schema
+        self._stage_fields = dict(self._stage_schema.items())
         if self.optimize_memory_usage:
             self._stage_fields["next_obs"] = self._stage_fields["obs"]
         rows = self._stage_capacity * self.n_envs
@@ -588,7 +590,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if self._staged_rows == 0:
             return
         n = self._staged_rows * self.n_envs
-        self._replay.add({name: self._staged[name][:n] for name in self._replay.schema})
+        # Rows add checked, in arrays made for the replay's schema (_stage_new): the replay takes them unchecked.
+        schema = self._stage_schema
+        self._replay.add(CheckedRows(schema, n, {name: self._staged[name][:n] for name in schema}))
         self._staged_rows = 0
         if self.optimize_memory_usage:
             # Row `pos` now holds the next observations of the last row added;

@@ -206,8 +206,29 @@ def check_batch(
     return rows, out
 
 
+class CheckedRows(dict[str, np.ndarray]):
+    """A batch an adapter built for ``schema``: every field, in its dtype, shaped ``(rows, *field.shape)``.
+
+    The SB3 buffer stages the rows its ``add`` checked into arrays made from the
+    replay's schema, and commits them as this. Host storages take it as it is,
+    not checking it again: checks run once, at the public edge. (Their C++ row
+    write still refuses an array of another dtype or row shape, before writing
+    anything.)
+    """
+
+    def __init__(self, schema: Schema, rows: int, arrays: Mapping[str, np.ndarray]) -> None:
+        super().__init__(arrays)
+        self.schema = schema
+        self.rows = rows
+
+
 def check_host_batch(schema: Schema, capacity: int, batch: Any, every_field: bool = True) -> tuple[int, dict[str, Any]]:
-    """:func:`check_batch` into NumPy arrays of the fields' dtypes (host storages, and a sharded replay's learner)."""
+    """:func:`check_batch` into NumPy arrays of the fields' dtypes (host storages, and a sharded replay's learner).
+
+    A :class:`CheckedRows` built for this very ``schema`` is returned as it is.
+    """
+    if type(batch) is CheckedRows and batch.schema is schema and every_field and batch.rows <= capacity:
+        return batch.rows, batch
     return check_batch(schema, capacity, batch, every_field, np.asarray, _cast_host)
 
 
@@ -219,4 +240,13 @@ def _fmt(shape: tuple[Any, ...]) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-__all__ = ["DeviceStorage", "DurableStorage", "RecordRing", "RingStorage", "Storage", "check_batch", "check_host_batch"]
+__all__ = [
+    "CheckedRows",
+    "DeviceStorage",
+    "DurableStorage",
+    "RecordRing",
+    "RingStorage",
+    "Storage",
+    "check_batch",
+    "check_host_batch",
+]
