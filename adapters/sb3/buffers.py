@@ -694,12 +694,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """:meth:`update_priorities` under the lock. Its locals die with it, inside the lock: freeing a tensor
         releases the GIL, which at interpreter exit ends a (daemon) thread mid C++ frame (std::terminate)."""
         td: np.ndarray | th.Tensor
-        if self._device_batches:
-            # Stays a tensor where it is: a device tree takes it there, and the relaxed pipeline copies it on
-            # the device behind an event, so the learner does not wait for the device here.
+        if isinstance(indices, th.Tensor) or (isinstance(td_errors, th.Tensor) and not td_errors.is_cpu):
+            # Stays a tensor where it is: a device tree (whose indices are tensors) takes it there, and the
+            # relaxed pipeline copies it off the device behind an event, so the learner does not wait here.
             td = th.as_tensor(td_errors).detach().reshape(-1).abs()
             indices = th.as_tensor(indices)
-        else:
+        else:  # a host tree: CPU tensors too (a view and one NumPy abs cost less than three torch calls)
             raw: np.ndarray
             if isinstance(td_errors, th.Tensor):
                 # A zero-copy view of a CPU tensor (detached; one copy off the device), in one torch call.
@@ -722,7 +722,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if self.optimize_memory_usage and self.full:
             # Transitions overwritten since they were sampled keep priority 0 (see add).
             valid = (indices // self.n_envs) != self.pos
-            indices, td = indices[valid], td[valid.to(td.device) if self._device_batches else valid]
+            indices, td = indices[valid], td[valid.to(td.device) if isinstance(td, th.Tensor) else valid]
         self._replay.update_priorities(indices, td)
         self._samples_since_update = 0
 
@@ -931,14 +931,15 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def _count_sample(self, weights: np.ndarray | th.Tensor) -> None:
         """Count a successful sample and its IS weights; warn once when priorities never move. Hold the lock."""
         total: Any
-        if isinstance(weights, th.Tensor):
+        small = len(weights) <= _FSUM_MAX
+        if isinstance(weights, th.Tensor) and not (small and weights.is_cpu):
             total = weights.sum(dtype=th.float64)  # stays where it is: no device sync per batch
-        elif weights.size <= _FSUM_MAX:
-            # Called right after a gradient step, NumPy's reduction runs cold (~18 us for 64 weights); a list's
-            # exact sum ~5 us.
+        elif small:
+            # Called right after a gradient step, a reduction runs cold (NumPy's ~18 us for 64 weights, torch's
+            # ~15); a list's exact sum ~5 us.
             total = math.fsum(weights.tolist())
         else:
-            total = float(weights.sum(dtype=np.float64))
+            total = float(np.sum(weights, dtype=np.float64))  # (an array: a large tensor took the first branch)
         self._weight_sum = self._weight_sum + total
         self._weights_sampled += len(weights)
         self._samples_since_update += 1
