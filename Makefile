@@ -1,7 +1,7 @@
 # One way to set up, run and test. Every target creates .venv on first use.
 #   make demo    the main job: a short PER-vs-uniform comparison and the quick benchmark
 #   make test    the test suite: pytest, the C++ unit tests, the FPGA module's C-simulation test bench and
-#                its board-driver tests (what CI runs, with make lint; ~20 min on a fresh clone on 2 cores)
+#                its board-driver tests (what CI runs, with make lint; ~15 min on a fresh clone on 2 cores)
 #   make bench   the full replay benchmark (long; writes benchmarks/results/)
 
 PYTHON ?= python3

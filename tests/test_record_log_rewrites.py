@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hetero_replay import PrioritizedReplay
-from hetero_replay.storage.record_log import RECORD_HEADER_BYTES
+from hetero_replay.storage.record_log import RECORD_HEADER_BYTES, Evictions
 
 SCHEMA = {"obs": ((2, 32, 32), "uint8"), "action": ((), "int64"), "next_obs": ((2, 32, 32), "uint8")}
 CAP = 8
@@ -72,3 +72,13 @@ def test_rows_rewritten_in_place_are_evicted_by_their_new_records_only(kind, tmp
     assert buf.storage.evicted_rows == 2
     np.testing.assert_array_equal(np.flatnonzero(buf.leaves() == 0), [0, 1])
     buf.close()
+
+
+def test_a_row_whose_slot_a_writer_reserved_again_is_replaced_not_evicted() -> None:
+    """The eviction count's rule, shared by the shared and the disk storages (a ring of 4 slots)."""
+    evictions = Evictions(4)
+    stamps = np.array([1, 2, 3, 4])  # tickets 0-3 committed
+    evictions.count(np.array([0, 1]), stamps[:2], tickets=5)  # ticket 4 reserved: slot 0's row is being replaced
+    assert evictions.rows == 1
+    evictions.count(np.array([1, 2]), stamps[1:3], tickets=5)  # slot 1's row counted once
+    assert evictions.rows == 2

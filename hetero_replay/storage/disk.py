@@ -590,7 +590,7 @@ class DiskStorage(RingOwner, RawRows):
             sound &= (refs[:, 0].min(axis=1) >= 0) & (refs[:, 1].min(axis=1) > 0) & (ends.max(axis=1) <= durable_head)
             evicted = sound & self.records.evicted(refs)
             self.damaged_rows += int(np.count_nonzero(~sound))
-            self.evictions.count(chunk[evicted], stamps[evicted])
+            self.evictions.count(chunk[evicted], stamps[evicted], self.control.tickets)
             drop = chunk[~sound | evicted]
             self.control.stamps[drop] = 0
             priorities[drop] = 0
@@ -757,7 +757,7 @@ class DiskStorage(RingOwner, RawRows):
             self._track(new[mine], self.format.unpack(rows[mine], [REFS])[REFS], seen[new[mine]])
         dead = self.evictions.expired(self.records.reserved - self.records.log_bytes, seen)
         if dead.size:
-            self.evictions.count(dead, seen[dead])
+            self.evictions.count(dead, seen[dead], self.control.tickets)
             gone = np.union1d(gone, dead)
         return new, gone
 
@@ -787,7 +787,7 @@ class DiskStorage(RingOwner, RawRows):
             evicted = lost & self.records.evicted(refs)
             if evicted.any():
                 dead = np.unique(slots[evicted])  # a slot drawn twice is counted once
-                self.evictions.count(dead, self.reader.seen[dead])
+                self.evictions.count(dead, self.reader.seen[dead], self.control.tickets)
             damaged |= lost & ~evicted
             ok &= ~evicted
         if damaged.any():

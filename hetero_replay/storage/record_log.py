@@ -179,8 +179,15 @@ class Evictions:
                 self._chunks.appendleft((offsets[cut:], slots[cut:], stamps[cut:]))
         return np.unique(np.concatenate(dead)) if dead else np.zeros(0, np.int64)
 
-    def count(self, slots: np.ndarray, stamps: np.ndarray) -> None:
-        """Count the rows ``slots`` (holding ``stamps``) as evicted, each row once."""
+    def count(self, slots: np.ndarray, stamps: np.ndarray, tickets: int) -> None:
+        """Count the rows ``slots`` (holding ``stamps``) whose records are gone as evicted, each row once.
+
+        ``tickets``: the ring's ticket counter. A row whose slot a writer already reserved for a newer row is
+        being replaced, as the ring replaces its oldest, whatever the budget: it is not counted (a writer
+        stalled between its reservation and its write would otherwise count each row it replaces).
+        """
+        lost = stamps - 1 + len(self._counted) >= tickets  # (a committed row's stamp is its ticket + 1)
+        slots, stamps = slots[lost], stamps[lost]
         fresh = self._counted[slots] != stamps
         self.rows += int(np.count_nonzero(fresh))
         self._counted[slots[fresh]] = stamps[fresh]

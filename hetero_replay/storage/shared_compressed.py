@@ -504,17 +504,9 @@ class CompressedSharedStorage(RingOwner):
             self.evictions.track(new, self.segment.offsets[new].min(axis=1), seen[new])
         dead = self.evictions.expired(self.segment.log.reserved - self.byte_budget, seen)
         if dead.size:
-            self._count_evicted(dead)
+            self.evictions.count(dead, seen[dead], self.control.tickets)
             gone = np.union1d(gone, dead)
         return new, gone
-
-    def _count_evicted(self, slots: np.ndarray) -> None:
-        """Count the rows at ``slots`` whose records are gone as evicted, unless a writer already reserved their
-        slot for a newer row: that row is being replaced, as the ring replaces its oldest, whatever the budget (a
-        writer stalled between its reservation and its write would otherwise count each row it replaces)."""
-        stamps = self.reader.seen[slots]
-        lost = stamps - 1 + self.capacity >= self.control.tickets  # (a committed row's stamp is its ticket + 1)
-        self.evictions.count(slots[lost], stamps[lost])
 
     def read_intact(self, indices: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         slots = np.asarray(indices, np.int64)
@@ -524,7 +516,8 @@ class CompressedSharedStorage(RingOwner):
         intact = self.reader.intact(slots)
         evicted = intact & ~sound
         if evicted.any():
-            self._count_evicted(np.unique(slots[evicted]))
+            dead = np.unique(slots[evicted])
+            self.evictions.count(dead, self.reader.seen[dead], self.control.tickets)
         return {name: rows[name] for name in self.schema}, intact & sound
 
     def rows_of(self, slots: np.ndarray, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
