@@ -265,7 +265,7 @@ def test_checked_rows_of_its_schema_are_taken_unchecked_and_others_are_checked(b
     from hetero_replay.storage.base import check_host_batch
 
     storage = buf.storage
-    rows = CheckedRows(storage.schema, 4, make_batch(4, start=40))
+    rows = CheckedRows(storage.schema, make_batch(4, start=40))
     assert check_host_batch(storage.schema, storage.capacity, rows) == (4, rows)
     assert check_host_batch(storage.schema, storage.capacity, rows)[1] is rows
     np.testing.assert_array_equal(buf.add(rows), np.arange(40, 44))
@@ -274,14 +274,15 @@ def test_checked_rows_of_its_schema_are_taken_unchecked_and_others_are_checked(b
     bad["action"] = bad["action"].astype(np.float32)
     before = snapshot(buf)
     with pytest.raises(ValueError, match="field 'action': dtype float32 does not cast to int64"):
-        buf.add(CheckedRows(Schema(SCHEMA), 4, bad))  # an equal schema, not the replay's: checked
+        buf.add(CheckedRows(Schema(SCHEMA), bad))  # an equal schema, not the replay's: checked
     with pytest.raises(ValueError, match="does not fit a capacity of 100"):
-        buf.add(CheckedRows(storage.schema, 101, make_batch(101)))
+        buf.add(CheckedRows(storage.schema, make_batch(101)))
     assert_unchanged(buf, before)
 
 
 def test_checked_rows_that_break_their_promise_are_refused_by_the_row_write_changing_nothing() -> None:
-    """The host storage's C++ row write still refuses an array of another dtype before writing anything."""
+    """The host storage's C++ row write still refuses an array of another dtype, or arrays of differing row
+    counts, before writing anything."""
     from hetero_replay.extend import CheckedRows
 
     buf = PrioritizedReplay(100, SCHEMA, seed=0)
@@ -290,7 +291,12 @@ def test_checked_rows_that_break_their_promise_are_refused_by_the_row_write_chan
     bad["action"] = bad["action"].astype(np.float32)
     before = snapshot(buf)
     with pytest.raises(ValueError, match="must have the field's dtype"):
-        buf.add(CheckedRows(buf.storage.schema, 4, bad))
+        buf.add(CheckedRows(buf.storage.schema, bad))
+    assert_unchanged(buf, before)
+    short = make_batch(4, start=40)
+    short["done"] = short["done"][:3]
+    with pytest.raises(ValueError, match="arrays differ in rows"):
+        buf.add(CheckedRows(buf.storage.schema, short))
     assert_unchanged(buf, before)
 
 

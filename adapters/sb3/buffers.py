@@ -592,7 +592,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         n = self._staged_rows * self.n_envs
         # Rows add checked, in arrays made for the replay's schema (_stage_new): the replay takes them unchecked.
         schema = self._stage_schema
-        self._replay.add(CheckedRows(schema, n, {name: self._staged[name][:n] for name in schema}))
+        self._replay.add(CheckedRows(schema, {name: self._staged[name][:n] for name in schema}))
         self._staged_rows = 0
         if self.optimize_memory_usage:
             # Row `pos` now holds the next observations of the last row added;

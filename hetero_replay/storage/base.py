@@ -213,13 +213,13 @@ class CheckedRows(dict[str, np.ndarray]):
     replay's schema, and commits them as this. Host storages take it as it is,
     not checking it again: checks run once, at the public edge. (Their C++ row
     write still refuses an array of another dtype or row shape, before writing
-    anything.)
+    anything, and arrays whose row counts differ.)
     """
 
-    def __init__(self, schema: Schema, rows: int, arrays: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, schema: Schema, arrays: Mapping[str, np.ndarray]) -> None:
         super().__init__(arrays)
         self.schema = schema
-        self.rows = rows
+        self.rows = len(next(iter(arrays.values())))  # the rows the arrays hold, never a separate claim
 
 
 def check_host_batch(schema: Schema, capacity: int, batch: Any, every_field: bool = True) -> tuple[int, dict[str, Any]]:
