@@ -351,3 +351,33 @@ def test_validation_summary_counts_errors_and_the_top_ranked_within_five_percent
     measured_top = max(r.measured for r in rows)
     assert summary["top_ranked_within_5pct"] == (rows[0].measured >= 0.95 * measured_top)
     assert math.isfinite(summary["measured_speedup_vs_baseline"])
+
+
+def test_clock_watch_rest_times_a_call_less_its_inner_calls_call_by_call() -> None:
+    """A training step's collection is the step less its gradient steps, per call: never negative."""
+    import time
+    import types
+
+    from hetero_replay.advisor.profile import Clock, measure_in_loop
+
+    loop = types.SimpleNamespace()
+    loop.inner = lambda: time.sleep(0.004)
+
+    def outer() -> None:
+        time.sleep(0.002)
+        loop.inner()
+        loop.inner()
+
+    loop.outer = outer
+    clock = Clock()
+    clock.watch(loop, "outer")
+    clock.watch(loop, "inner")
+    clock.watch_rest(loop, "outer", "rest", "inner")
+    _, parts = measure_in_loop(lambda: loop.outer(), clock, repeats=3, warmup=1, min_repetition_s=0.0)
+    rest, inner, whole = parts["rest"], parts["inner"], parts["outer"]
+    assert 0.002 <= rest.q1 <= rest.median < 0.006  # the 2 ms outside the two 4 ms inner calls
+    assert inner.median >= 0.004 and whole.median >= 0.010
+    assert rest.calls == whole.calls and inner.calls == 2 * whole.calls
+    assert clock.seconds["rest"][0] == pytest.approx(
+        clock.seconds["outer"][0] - sum(clock.seconds["inner"][:2]), abs=5e-4
+    )

@@ -242,8 +242,8 @@ class SB3Workload:
                 _close(strict)
                 _close(relaxed)
         f, g = self.spec.collect_steps, self.spec.gradient_steps
-        times["collect"] = _per_call(parts["strict/collect"], f)
-        times["learn"] = _per_call(parts["strict/learn"], g)
+        times["collect"] = parts["strict/collect"].per(f)
+        times["learn"] = parts["strict/learn"].per(g)
         times["phase"] = _sum(parts["strict/collect"], parts["strict/learn"])
         times["phase_inline"] = _sum(parts["inline/collect"], parts["inline/learn"])
         return times
@@ -716,20 +716,6 @@ def _scaled(space: spaces.Box, action: np.ndarray) -> np.ndarray:
 def _sum(a: Timing, b: Timing) -> Timing:
     """Two parts that happen one after the other, as one timing (quartiles added: an upper bound of the spread)."""
     return Timing(a.median + b.median, a.q1 + b.q1, a.q3 + b.q3, min(a.n, b.n), 1, a.expected + b.expected)
-
-
-def _per_call(timing: Timing, calls: int) -> Timing:
-    """``timing`` of ``calls`` calls of a primitive, as the time of one."""
-    if calls == 1:
-        return timing
-    return Timing(
-        timing.median / calls,
-        timing.q1 / calls,
-        timing.q3 / calls,
-        timing.n,
-        timing.calls * calls,
-        timing.expected / calls,
-    )
 
 
 def _sync_for(config: ReplayConfig) -> Callable[[], None] | None:

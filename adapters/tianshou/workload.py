@@ -522,7 +522,7 @@ class TianshouWorkload:
         ``_sample_and_update``; ``collect`` is a training step less its
         gradient steps, per vector step.
         """
-        f, g = self.spec.collect_steps, self.spec.gradient_steps
+        f = self.spec.collect_steps
         clock = Clock(sync)
         for name, setup in setups.items():
             setup.trainer.params.epoch_num_steps = STEPS_PER_CALL * f * self.spec.n_envs
@@ -531,6 +531,7 @@ class TianshouWorkload:
             # The trainer's whole gradient step: algorithm.update(sample_size=B, buffer=buffer),
             # then the moving averages and logging of the step's statistics.
             clock.watch(setup.trainer, "_sample_and_update", f"{name}/learn")
+            clock.watch_rest(setup.trainer, "execute_epoch", f"{name}/rest", f"{name}/learn")
             for primitive, method in _PRIMITIVES.items():
                 clock.watch(setup.buffer, method, f"{name}/{primitive}")
             # With staleness the wrapper applies its deferred updates through update_weight_since instead.
@@ -544,13 +545,10 @@ class TianshouWorkload:
         results = {}
         for name in setups:
             measured = {primitive: parts[f"{name}/{primitive}"] for primitive in _PRIMITIVES}
-            epoch, learn = parts[f"{name}/epoch"], parts[f"{name}/learn"]
-            median, q1, q3, mean = (t / STEPS_PER_CALL for t in (epoch.median, epoch.q1, epoch.q3, epoch.expected))
-            phases = epoch.calls * STEPS_PER_CALL  # training steps per repetition
+            epoch, learn, rest = parts[f"{name}/epoch"], parts[f"{name}/learn"], parts[f"{name}/rest"]
             measured["learn"] = learn
-            measured["phase"] = Timing(median, q1, q3, epoch.n, phases, mean)
-            c_median, c_q1, c_q3, c_mean = ((t - g * learn.expected) / f for t in (median, q1, q3, mean))
-            measured["collect"] = Timing(c_median, c_q1, c_q3, epoch.n, phases * f, c_mean)
+            measured["phase"] = epoch.per(STEPS_PER_CALL)
+            measured["collect"] = rest.per(STEPS_PER_CALL * f)  # per vector step: the step less its gradient steps
             results[name] = measured
         return results
 

@@ -89,6 +89,13 @@ class Timing:
         """The mean where known, else the median."""
         return self.median if self.mean is None else self.mean
 
+    def per(self, calls: int) -> Timing:
+        """This timing of ``calls`` calls of something (a step of ``calls`` primitive calls), as the time of one."""
+        if calls == 1:
+            return self
+        d = calls
+        return Timing(self.median / d, self.q1 / d, self.q3 / d, self.n, self.calls * d, self.expected / d)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -168,6 +175,27 @@ class Clock:
             result = original(*args, **kwargs)
             sync()
             seconds.append(time.perf_counter() - start)
+            return result
+
+        setattr(owner, method, timed)
+
+    def watch_rest(self, owner: Any, method: str, part: str, inner: str) -> None:
+        """Time every call of ``owner.<method>`` less the seconds of the ``inner`` part's calls made within it.
+
+        What a call spends outside ``inner`` (a training step's collection: the step less its gradient
+        steps), call by call, so it is never negative as a difference of separate medians can be.
+        """
+        original = getattr(owner, method)
+        seconds = self.seconds.setdefault(part, [])
+        inside = self.seconds.setdefault(inner, [])
+        sync = self._sync
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            before = len(inside)
+            start = time.perf_counter()
+            result = original(*args, **kwargs)
+            sync()
+            seconds.append(time.perf_counter() - start - sum(inside[before:]))
             return result
 
         setattr(owner, method, timed)
