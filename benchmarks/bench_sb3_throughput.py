@@ -7,7 +7,11 @@ machine fall on every variant alike (each variant leads one repeat in turn, so n
 last). Prints each variant's median env-steps/s
 and its median ratio (of paired runs) to the stock algorithm. Cases:
 
-* ``cartpole``: DQN vs ``PERDQN`` on CartPole-v1, rl-zoo's DQN hyperparameters (buffer 50k);
+* ``cartpole``: DQN vs ``PERDQN`` on CartPole-v1, rl-zoo's DQN hyperparameters except a 50k buffer and
+  SB3's default training rhythm (``train_freq=4``, ``gradient_steps=1``), as the pipeline issue measured:
+  every gradient step follows a commit of new rows, the hardest case for batches drawn ahead;
+* ``cartpole-zoo``: the same with rl-zoo's own rhythm and buffer (``train_freq=256``,
+  ``gradient_steps=128``, 100k): 128 gradient steps in a row after each 256 env steps;
 * ``pendulum``: SAC vs ``PERSAC`` on Pendulum-v1, rl-zoo's SAC hyperparameters;
 * ``atari``: DQN vs ``PERDQN`` with ``CnnPolicy`` on ``ALE/Pong-v5`` (ale-py) through SB3's
   ``AtariWrapper`` and a 4-frame stack: 84x84x4 uint8 observations, rl-zoo's Atari DQN
@@ -15,6 +19,7 @@ and its median ratio (of paired runs) to the stock algorithm. Cases:
 
     python benchmarks/bench_sb3_throughput.py                      # cartpole, 15k steps, 3 repeats
     python benchmarks/bench_sb3_throughput.py --case cartpole --steps 10000 --repeats 5 --staleness 0 1
+    python benchmarks/bench_sb3_throughput.py --case cartpole-zoo --steps 10000 --repeats 7 --staleness 0 1
     python benchmarks/bench_sb3_throughput.py --case pendulum --steps 3000 --repeats 5 --staleness 1
     python benchmarks/bench_sb3_throughput.py --case atari --steps 4000 --repeats 5 --staleness 1
     python benchmarks/bench_sb3_throughput.py --case cartpole --steps 10000 --repeats 6 --phases
@@ -41,12 +46,16 @@ from stable_baselines3 import DQN, SAC
 
 from hetero_replay.adapters.sb3 import PERDQN, PERSAC
 
-#: SB3 DQN on CartPole as the rl-zoo tunes it, on a 50k buffer (what the pipeline issue measured).
+#: SB3 DQN on CartPole as the rl-zoo tunes it, but on a 50k buffer and training every 4 steps, one gradient step
+#: each (SB3's default rhythm: what the pipeline issue measured).
 DQN_ARGS = dict(
     learning_rate=2.3e-3, batch_size=64, buffer_size=50_000, learning_starts=1000, gamma=0.99,
     target_update_interval=10, train_freq=4, gradient_steps=1, exploration_fraction=0.16,
     exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]), device="cpu",
 )  # fmt: skip
+
+#: SB3 DQN on CartPole exactly as the rl-zoo tunes it (hyperparams/dqn.yml): 128 gradient steps every 256 env steps.
+ZOO_DQN_ARGS = {**DQN_ARGS, "buffer_size": 100_000, "train_freq": 256, "gradient_steps": 128}
 
 #: SB3 SAC on Pendulum as the rl-zoo tunes it (learning rate 1e-3, SB3's defaults otherwise), a 50k buffer.
 SAC_ARGS = dict(learning_rate=1e-3, buffer_size=50_000, learning_starts=100, device="cpu")
@@ -79,6 +88,7 @@ def _pong() -> Any:
 #: case -> (env factory, stock algorithm, PER algorithm, policy, arguments)
 CASES: dict[str, tuple[Callable[[], Any], type, type, str, dict[str, Any]]] = {
     "cartpole": (_cartpole, DQN, PERDQN, "MlpPolicy", DQN_ARGS),
+    "cartpole-zoo": (_cartpole, DQN, PERDQN, "MlpPolicy", ZOO_DQN_ARGS),
     "pendulum": (_pendulum, SAC, PERSAC, "MlpPolicy", SAC_ARGS),
     "atari": (_pong, DQN, PERDQN, "CnnPolicy", ATARI_ARGS),
 }

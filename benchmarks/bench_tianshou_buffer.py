@@ -20,7 +20,8 @@ with 4 envs through ``OffPolicyTrainer`` (the standard setup of
 steps, 16 env steps and 4 updates of batch 64 per training step), as a user runs
 it either way: Tianshou's stock DQN with its ``PrioritizedVectorReplayBuffer``,
 against our buffer with the DQN wrapped in
-:class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper` at staleness 0 and 1;
+:class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper` at staleness 0 and 1, and
+Tianshou's stock DQN with its uniform ``VectorReplayBuffer`` (what PER costs over no PER);
 runs interleaved, medians of paired ratios of wall-clock rates and of CPU-time
 rates (the process's CPU seconds: less sensitive to other jobs on the machine):
 
@@ -99,8 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-#: --e2e contenders: label -> (our buffer?, staleness).
-E2E = {"tianshou-per": (False, 0), "ours-k0": (True, 0), "ours-k1": (True, 1)}
+#: --e2e contenders: label -> (buffer, staleness); "ours" is trained through PEROffPolicyWrapper.
+E2E = {"tianshou-per": ("tianshou-per", 0), "ours-k0": ("ours", 0), "ours-k1": ("ours", 1),
+       "tianshou-uniform": ("tianshou-uniform", 0)}  # fmt: skip
 
 
 def end_to_end(steps: int, repeats: int, warmup: int | None = None) -> int:
@@ -114,8 +116,8 @@ def end_to_end(steps: int, repeats: int, warmup: int | None = None) -> int:
         order = list(E2E) if r % 2 == 0 else list(reversed(E2E))  # alternate who runs first
         for label in order:
             gc.collect()  # the last run's objects go now, not during this one
-            ours, staleness = E2E[label]
-            rates[label].append(train_rate(ours, staleness, steps, seed=r, warmup=warmup))
+            kind, staleness = E2E[label]
+            rates[label].append(train_rate(kind, staleness, steps, seed=r, warmup=warmup))
             wall, cpu = rates[label][-1]
             print(f"repeat {r + 1}/{repeats} {label:14s} {wall:8.0f} env-steps/s, {cpu:8.0f} per CPU-s", flush=True)
     print(
@@ -132,8 +134,11 @@ def end_to_end(steps: int, repeats: int, warmup: int | None = None) -> int:
     return 0
 
 
-def train_rate(ours: bool, staleness: int, steps: int, seed: int, warmup: int | None = None) -> tuple[float, float]:
+def train_rate(kind: str, staleness: int, steps: int, seed: int, warmup: int | None = None) -> tuple[float, float]:
     """One timed ``OffPolicyTrainer`` epoch of ``steps`` env steps (after ``warmup`` random ones, default 1000).
+
+    ``kind``: ``"ours"`` (our buffer, the DQN wrapped in ``PEROffPolicyWrapper`` at ``staleness``),
+    ``"tianshou-per"`` or ``"tianshou-uniform"`` (Tianshou's buffer, its stock DQN).
 
     Returns env steps per second of wall-clock time and per second of the process's CPU time.
     """
@@ -149,15 +154,18 @@ def train_rate(ours: bool, staleness: int, steps: int, seed: int, warmup: int | 
     torch.manual_seed(seed)
     np.random.seed(seed)
     algorithm: Any = standard_algorithm("dqn", gym.make("CartPole-v1"), hp)
-    if ours:  # Tianshou's own PER buffer goes with its stock algorithm, which weights and updates by itself
+    ours = kind == "ours"
+    if ours:  # Tianshou's own buffers go with its stock algorithm, which weights and updates by itself
         algorithm = PEROffPolicyWrapper(
             wrapped_algorithm=algorithm, beta=LinearBetaSchedule(0.4, 1.0, 100_000), staleness=staleness
         )
     algorithm.policy.set_eps_training(hp.extra["eps_final"])
     if ours:
         buffer: Any = HeteroPrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=0.6, beta=0.4, random_seed=seed)
-    else:
+    elif kind == "tianshou-per":
         buffer = PrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=0.6, beta=0.4)
+    else:
+        buffer = VectorReplayBuffer(hp.buffer_size, n_envs)
     envs = DummyVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n_envs)])
     envs.seed(seed)
     collector = Collector[CollectStats](algorithm, envs, buffer, exploration_noise=True)
