@@ -61,8 +61,10 @@ raised by the learner's next call, once.
   once they take ``NATIVE_HANDOVER_US`` of CPU time or more (median over
   ``AUTO_WINDOW`` jobs; CPU time, which a loaded machine's preemptions do not
   inflate), else by the learner when it collects them (in C++, without the
-  GIL): waking a thread costs ~10 µs, more than a small batch's job (B = 64
-  rows of CartPole: ~5 µs). Elsewhere inline until the replay work is
+  GIL). Where a core is idle for it, a thread that ran a job in the last 10 ms
+  looks for the next one every 100 µs, so a steady learner loop wakes nobody;
+  with every core busy, each job handed over costs the learner a wake-up
+  (~15 µs, more than a job of B = 64 CartPole rows). Elsewhere inline until the replay work is
   ``AUTO_WORKER_SHARE`` of the learner's step, then the Python thread (there
   each GIL hand-over costs ~100 µs, which only a large share repays).
 
@@ -106,8 +108,8 @@ AUTO_WORKER_SHARE = 0.25
 #: Learner steps over which ``worker="auto"`` measures (medians, so rollout gaps do not count).
 AUTO_WINDOW = 32
 #: ``worker="auto"`` with the native executor: jobs that take at least this much CPU time (µs, median) run on its
-#: thread; shorter ones on the learner's, where no thread is woken (a wake-up, with its futex and moved cache
-#: lines, costs the learner ~10 µs on a 2-vCPU VM: ``benchmarks/bench_pipeline.py --worker native``).
+#: thread; shorter ones on the learner's, where no thread can need a wake-up (a futex wake-up of another core costs
+#: the learner ~15 µs on a 2-vCPU VM: ``benchmarks/bench_pipeline.py --worker native``).
 NATIVE_HANDOVER_US = 25.0
 #: The native executor copies the generator's state once per this many uniforms drawn (``_GeneratorMark``):
 #: rewinding redraws at most about as many.

@@ -3,12 +3,14 @@
 // snapshots, draws, gathers), failed steps change nothing, and waiting after
 // stop() runs the queued jobs on the caller. Under TSan this also checks that
 // the executor's thread and the submitting thread share no unsynchronised data.
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "check.hpp"
@@ -184,6 +186,38 @@ TEST_CASE(executor, unwoken_jobs_run_on_the_waiter_and_mix_with_woken_ones) {
   }
   for (Job* job : jobs) ex.wait(job);
   check_same(serial, mixed);
+}
+
+TEST_CASE(executor, a_recently_busy_thread_takes_jobs_unwoken_and_sleeps_when_idle) {
+  Run serial, polled;
+  const JobContext sc = serial.context();
+  for (int j = 0; j < kJobs; ++j) hetero_replay::run_job(sc, *serial.make_job(j, batch(j)));
+  Executor ex(polled.context());
+  // Until the thread has run one job it is not polling: the first submit starts it.
+  auto run_on_thread = [&](Job* job) {
+    ex.submit(job);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!ex.done(job) && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));  // never wait(): that would run it here
+    CHECK(ex.done(job));
+  };
+  hetero_replay::IdleCores idle;  // what the thread sees: it polls only with two cores to itself
+  idle.available(std::chrono::steady_clock::now());
+  for (int j = 0; j < kJobs - 1; ++j) run_on_thread(polled.make_job(j, batch(j)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));  // a whole window of IdleCores
+  if (idle.available(std::chrono::steady_clock::now()) >= 1.95) {
+    // Each job came within kPollFor of the one before (unless this thread was kept off the CPU that
+    // long, which a loaded machine may do now and then): the polling thread took it with no wake-up.
+    CHECK(ex.wakeups() <= 3);
+  }
+  const int64_t before = ex.wakeups();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!ex.sleeping() && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(Executor::kPollFor);
+  CHECK(ex.sleeping());  // idle past kPollFor: it stopped polling
+  run_on_thread(polled.make_job(kJobs - 1, batch(kJobs - 1)));
+  CHECK_EQ(ex.wakeups(), before + 1);  // and the next submit woke it
+  check_same(serial, polled);
 }
 
 TEST_CASE(executor, a_draw_from_an_empty_tree_fails_and_writes_nothing) {
