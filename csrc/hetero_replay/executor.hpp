@@ -308,7 +308,6 @@ class Executor {
     }
   }
 
-  // Runs the oldest job, holding `lock` before and after (not during).
   // Whether to look at the queue again in kPoll rather than sleep until a submit wakes this thread:
   // within kPollFor of its last job, and only while other processes leave this one two cores (its
   // caller's and this thread's). With every core busy, a thread waking every kPoll shares a core with
@@ -319,6 +318,7 @@ class Executor {
     return now - last_job < kPollFor && idle_.available(now) + 0.3 >= 2.0;
   }
 
+  // Runs the oldest job, holding `lock` before and after (not during).
   void run_front(std::unique_lock<std::mutex>& lock) {
     Job* job = queue_.front();
     running_ = true;

@@ -193,7 +193,7 @@ TEST_CASE(executor, a_recently_busy_thread_takes_jobs_unwoken_and_sleeps_when_id
   const JobContext sc = serial.context();
   for (int j = 0; j < kJobs; ++j) hetero_replay::run_job(sc, *serial.make_job(j, batch(j)));
   Executor ex(polled.context());
-  // Until the thread has run one job it is not polling: the first submit starts it.
+  // The first submit starts the thread; after each job it polls the queue for kPollFor.
   auto run_on_thread = [&](Job* job) {
     ex.submit(job);
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
