@@ -200,7 +200,7 @@ submission order on its own thread, with no Python and no GIL.
            py::arg("outputs"), py::arg("stratified"), py::arg("alpha"), py::arg("eps"), py::arg("limit"),
            py::arg("wake") = true,
            "Queues one job (its arrays kept until collect() returns it), its uniforms drawn from rng now; "
-           "wake=False leaves it to collect().")
+           "wake=False hands it to the thread only where a core is idle for it, else to collect().")
       .def("collect", &PyExecutor::collect, "Waits for the oldest job and returns its results.")
       .def("stop", &PyExecutor::stop, "Ends the thread after its running job; later jobs run in collect().")
       .def_property_readonly("pending", &PyExecutor::pending, "Jobs submitted and not collected yet.")

@@ -57,14 +57,14 @@ raised by the learner's next call, once.
   the slots on the CPU; on CUDA, copies of pinned slots made on the side stream
   (see :class:`_NativePipeline`).
 * ``"thread"``: a Python worker thread; ``"inline"``: the learner's thread.
-* ``"auto"`` (default): native where it applies, its jobs run on its thread
-  once they take ``NATIVE_HANDOVER_US`` of CPU time or more (median over
-  ``AUTO_WINDOW`` jobs; CPU time, which a loaded machine's preemptions do not
-  inflate), else by the learner when it collects them (in C++, without the
-  GIL). Where a core is idle for it, a thread that ran a job in the last 10 ms
-  looks for the next one every 100 µs, so a steady learner loop wakes nobody;
-  with every core busy, each job handed over costs the learner a wake-up
-  (~15 µs, more than a job of B = 64 CartPole rows). Elsewhere inline until the replay work is
+* ``"auto"`` (default): native where it applies. Where a core is idle for it,
+  its jobs run on its thread, which, having run one in the last 10 ms, looks
+  for the next every 100 µs: a steady learner loop wakes nobody. With every
+  core busy the thread sleeps between jobs, and only jobs of
+  ``NATIVE_HANDOVER_US`` of CPU time or more (median over ``AUTO_WINDOW`` jobs;
+  CPU time, which a loaded machine's preemptions do not inflate) are worth
+  its wake-up (~15 µs); smaller ones the learner runs when it collects them
+  (in C++, without the GIL). Elsewhere inline until the replay work is
   ``AUTO_WORKER_SHARE`` of the learner's step, then the Python thread (there
   each GIL hand-over costs ~100 µs, which only a large share repays).
 
@@ -107,9 +107,9 @@ from hetero_replay.trees import SumTree
 AUTO_WORKER_SHARE = 0.25
 #: Learner steps over which ``worker="auto"`` measures (medians, so rollout gaps do not count).
 AUTO_WINDOW = 32
-#: ``worker="auto"`` with the native executor: jobs that take at least this much CPU time (µs, median) run on its
-#: thread; shorter ones on the learner's, where no thread can need a wake-up (a futex wake-up of another core costs
-#: the learner ~15 µs on a 2-vCPU VM: ``benchmarks/bench_pipeline.py --worker native``).
+#: ``worker="auto"`` with the native executor: jobs that take at least this much CPU time (µs, median) are worth
+#: waking its thread for; shorter ones go to it only while a core is idle for it (it then polls), else the learner
+#: runs them (a futex wake-up of another core costs the learner ~15 µs on a 2-vCPU VM).
 NATIVE_HANDOVER_US = 25.0
 #: The native executor copies the generator's state once per this many uniforms drawn (``_GeneratorMark``):
 #: rewinding redraws at most about as many.
@@ -305,7 +305,11 @@ class RelaxedReplay:
 
     @property
     def on_worker_thread(self) -> bool:
-        """Whether the work runs on the worker thread now (``worker="auto"`` decides within its first steps)."""
+        """Whether the work runs on the worker thread now (``worker="auto"`` decides within its first steps).
+
+        With the native executor: whether every job is handed to its thread; smaller ones go to it
+        only while a core is idle for it.
+        """
         return self._core is not None and self._core.on_worker()
 
     @property

@@ -147,7 +147,8 @@ def test_auto_picks_the_native_executor_where_it_applies():
 
 @pytest.mark.parametrize("batch, woken", [(4, False), (16_384, True)])
 def test_auto_wakes_the_native_thread_only_for_jobs_worth_a_handover(batch, woken):
-    """Jobs of a few rows run on the learner (no thread started); jobs of 16k wide rows on the executor's thread."""
+    """Jobs of 16k wide rows are worth waking the executor's thread for; jobs of a few rows are not (the thread
+    takes those only where a core is idle for it, else the learner runs them)."""
     replay = PrioritizedReplay(32_768, {"obs": ((64,), "float32")}, tree="native", seed=0)
     replay.add({"obs": np.zeros((32_768, 64), np.float32)})
     buf = RelaxedReplay(replay, staleness=1)  # worker="auto"
@@ -156,7 +157,8 @@ def test_auto_wakes_the_native_thread_only_for_jobs_worth_a_handover(batch, woke
             b = buf.sample(batch)
             buf.update_priorities(b.indices, np.ones(batch))
         assert buf._core.wake is woken
-        assert buf._core.executor.thread_alive is woken
+        if woken:
+            assert buf._core.executor.thread_alive
     finally:
         buf.close()
 

@@ -208,23 +208,23 @@ class Executor {
     Registry::remove(this);
   }
 
-  // Queues `job` (kept alive by the caller until wait(job) returns) for the thread (`wake`), or
-  // for wait() on the caller's thread (unless the thread, busy or polling, reaches it first):
-  // small jobs skip the hand-over's cost. A thread that ran a job less than kPollFor ago looks at
-  // the queue every kPoll by itself where a core is idle for it (polling()), so in a steady learner
-  // loop the caller wakes nobody: a futex wake-up of another core costs the caller ~15 us warm on
-  // a 2-vCPU VM, ~45 us with cold caches, more than a small job. A sleeping thread is woken
-  // (counted in wakeups()).
+  // Queues `job` (kept alive by the caller until wait(job) returns) for the thread. A thread that
+  // ran a job less than kPollFor ago looks at the queue every kPoll by itself where a core is idle
+  // for it (cores_free()), so in a steady learner loop the caller wakes nobody: a futex wake-up of
+  // another core costs the caller ~15 us warm on a 2-vCPU VM, ~45 us with cold caches, more than a
+  // small job. A sleeping thread is started or woken (counted in wakeups()) with `wake`, and
+  // without it only where a core is idle for it (then it polls for the jobs that follow); else the
+  // job runs in wait() on the caller's thread, unless the thread, busy, reaches it first.
   void submit(Job* job, bool wake = true) {
     std::unique_lock<std::mutex> lock(mutex_);
     queue_.push_back(job);
-    if (!wake) return;
-    if (!stopped_ && !thread_alive_) {
+    if (stopped_ || (thread_alive_ && !sleeping_)) return;  // running or polling: it takes the job
+    if (!wake && !cores_free(std::chrono::steady_clock::now())) return;
+    if (!thread_alive_) {
       thread_ = std::thread([this] { loop(); });
       thread_alive_ = true;
       return;  // it looks at the queue first
     }
-    if (!sleeping_) return;
     ++wakeups_;
     lock.unlock();
     work_.notify_one();
@@ -309,14 +309,17 @@ class Executor {
   }
 
   // Whether to look at the queue again in kPoll rather than sleep until a submit wakes this thread:
-  // within kPollFor of its last job, and only while other processes leave this one two cores (its
-  // caller's and this thread's). With every core busy, a thread waking every kPoll shares a core with
-  // the learner or the other process: measured on the 2-vCPU VM with another process busy, polling
-  // made a small-batch learner loop 0.5-0.75x strict, against 0.84-0.92x waking it per job.
+  // within kPollFor of its last job, and only while a core is idle for it.
   bool polling(std::chrono::steady_clock::time_point last_job) {
     const auto now = std::chrono::steady_clock::now();
-    return now - last_job < kPollFor && idle_.available(now) + 0.3 >= 2.0;
+    return now - last_job < kPollFor && cores_free(now);
   }
+
+  // Whether other processes leave this one two cores (its caller's and this thread's), as the thread
+  // pool decides its threads. With every core busy, a thread waking every kPoll shares a core with the
+  // learner or the other process: measured on the 2-vCPU VM with another process busy, polling made a
+  // small-batch learner loop 0.5-0.75x strict, against 0.84-0.92x waking it per job. Hold mutex_.
+  bool cores_free(std::chrono::steady_clock::time_point now) { return idle_.available(now) + 0.3 >= 2.0; }
 
   // Runs the oldest job, holding `lock` before and after (not during).
   void run_front(std::unique_lock<std::mutex>& lock) {
@@ -411,7 +414,7 @@ class Executor {
   bool stopped_ = false;
   bool sleeping_ = false;  // the thread waits for a notify (not polling)
   int64_t wakeups_ = 0;
-  IdleCores idle_;  // read by the thread only
+  IdleCores idle_;  // guarded by mutex_
 };
 
 }  // namespace hetero_replay
