@@ -840,7 +840,8 @@ class _NativePipeline(_Pipeline):
     def __init__(self, replay: PrioritizedReplay, options: StalenessOptions) -> None:
         super().__init__(replay, options)
         self.threaded = True
-        self.wake = self.mode == "native"  # "auto" measures its jobs first (on the learner's thread)
+        # "auto" measures its jobs first: until then they go to the thread only where a core is idle for it.
+        self.wake = self.mode == "native"
         self.run_ns: list[int] = []
         self.slots: list[_Slot | None] = [None] * (2 * self.depth + 1)
         self.next_slot = 0
@@ -1008,7 +1009,8 @@ class _NativePipeline(_Pipeline):
         drawn.weights, drawn.beta = drawn.batch.weights, 1.0
 
     def _measure_job(self, run_ns: int) -> None:
-        """``worker="auto"``: wake the executor's thread for the next jobs only if they are worth a hand-over."""
+        """``worker="auto"``: wake the executor's thread for the next jobs (with every core busy too) only if they
+        are worth a wake-up."""
         self.run_ns.append(run_ns)
         if len(self.run_ns) == AUTO_WINDOW:
             self.wake = float(np.median(self.run_ns)) >= NATIVE_HANDOVER_US * 1e3
