@@ -23,6 +23,7 @@
 // step then makes no system call.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -31,6 +32,7 @@
 #include <exception>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>
@@ -39,6 +41,9 @@
 #include <vector>
 
 #include <pthread.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "gather.hpp"
 #include "idle_cores.hpp"
@@ -198,6 +203,39 @@ inline void run_job(const JobContext& c, Job& job) {
   if (job.draw.n > 0) detail::draw_batch(c, job.draw);
 }
 
+// How often a recently busy executor thread looks at its queue: kPollsPerSubmit times per interval
+// between submits (smoothed), within [kMin, kMax]; kMax until an interval was seen. A job is needed one
+// submit after its own, so the thread finds it in time, and pays the same few wake-ups per job (each
+// ~15-20 us of CPU on a 2-vCPU VM) whatever the learner's rhythm. With a fixed 100 us period, which
+// the default timer slack stretched to ~150-200 us, 45-70% of the jobs were not done when a learner
+// with 150 us steps came for them (now <1%), and one with 1 ms steps cost the idle core 160-175 us
+// of CPU per step (now 71-74): benchmarks/bench_executor_rhythm.py.
+class PollRhythm {
+ public:
+  static constexpr int kPollsPerSubmit = 2;
+  static constexpr std::chrono::microseconds kMin{25};
+  static constexpr std::chrono::microseconds kMax{500};
+
+  // A submit at `now`. Gaps of `ignore_from` or more (a rollout between training phases, after
+  // which the thread sleeps anyway) are left out.
+  void submitted(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds ignore_from) {
+    if (last_ && now - *last_ < ignore_from) {
+      const auto gap = std::chrono::duration_cast<std::chrono::nanoseconds>(now - *last_);
+      interval_ = interval_.count() ? (3 * interval_ + gap) / 4 : gap;
+    }
+    last_ = now;
+  }
+
+  std::chrono::nanoseconds period() const {
+    if (!interval_.count()) return kMax;
+    return std::clamp<std::chrono::nanoseconds>(interval_ / kPollsPerSubmit, kMin, kMax);
+  }
+
+ private:
+  std::optional<std::chrono::steady_clock::time_point> last_;
+  std::chrono::nanoseconds interval_{0};  // between submits, smoothed (0: none seen yet)
+};
+
 class Executor {
  public:
   explicit Executor(JobContext context) : context_(std::move(context)) { Registry::add(this); }
@@ -209,14 +247,15 @@ class Executor {
   }
 
   // Queues `job` (kept alive by the caller until wait(job) returns) for the thread. A thread that
-  // ran a job less than kPollFor ago looks at the queue every kPoll by itself where a core is idle
-  // for it (cores_free()), so in a steady learner loop the caller wakes nobody: a futex wake-up of
+  // ran a job less than kPollFor ago looks at the queue every poll_period() by itself where a core is
+  // idle for it (cores_free()), so in a steady learner loop the caller wakes nobody: a futex wake-up of
   // another core costs the caller ~15 us warm on a 2-vCPU VM, ~45 us with cold caches, more than a
   // small job. A sleeping thread is started or woken (counted in wakeups()) with `wake`, and
   // without it only where a core is idle for it (then it polls for the jobs that follow); else the
   // job runs in wait() on the caller's thread, unless the thread, busy, reaches it first.
   void submit(Job* job, bool wake = true) {
     std::unique_lock<std::mutex> lock(mutex_);
+    rhythm_.submitted(std::chrono::steady_clock::now(), kPollFor);
     queue_.push_back(job);
     if (stopped_ || (thread_alive_ && !sleeping_)) return;  // running or polling: it takes the job
     if (!wake && !cores_free(std::chrono::steady_clock::now())) return;
@@ -280,9 +319,14 @@ class Executor {
     return sleeping_;
   }
 
-  // How often a recently busy thread looks at the queue, and for how long after its last job.
-  static constexpr std::chrono::microseconds kPoll{100};
+  // For how long after its last job the thread polls (PollRhythm) rather than sleeps.
   static constexpr std::chrono::milliseconds kPollFor{10};
+
+  // The period the thread polls at now.
+  std::chrono::nanoseconds poll_period() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return rhythm_.period();
+  }
 
   bool thread_alive() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -291,6 +335,11 @@ class Executor {
 
  private:
   void loop() {
+#ifdef __linux__
+    // Linux lets a timed wait overrun by the thread's timer slack (50 us by default): a 25 us poll would
+    // become 75 us. This thread's own setting only.
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+#endif
     std::unique_lock<std::mutex> lock(mutex_);
     auto last_job = std::chrono::steady_clock::now();
     while (!stopped_) {
@@ -298,7 +347,7 @@ class Executor {
         run_front(lock);
         last_job = std::chrono::steady_clock::now();
       } else if (polling(last_job)) {
-        work_.wait_for(lock, kPoll);
+        work_.wait_for(lock, rhythm_.period());
       } else {
         sleeping_ = true;
         work_.wait(lock, [&] { return stopped_ || (!running_ && !queue_.empty()); });
@@ -308,7 +357,7 @@ class Executor {
     }
   }
 
-  // Whether to look at the queue again in kPoll rather than sleep until a submit wakes this thread:
+  // Whether to look at the queue again in a poll period rather than sleep until a submit wakes this thread:
   // within kPollFor of its last job, and only while a core is idle for it.
   bool polling(std::chrono::steady_clock::time_point last_job) {
     const auto now = std::chrono::steady_clock::now();
@@ -316,7 +365,7 @@ class Executor {
   }
 
   // Whether other processes leave this one two cores (its caller's and this thread's), as the thread
-  // pool decides its threads. With every core busy, a thread waking every kPoll shares a core with the
+  // pool decides its threads. With every core busy, a thread waking every poll period shares a core with the
   // learner or the other process: measured on the 2-vCPU VM with another process busy, polling made a
   // small-batch learner loop 0.5-0.75x strict, against 0.84-0.92x waking it per job. Hold mutex_.
   bool cores_free(std::chrono::steady_clock::time_point now) { return idle_.available(now) + 0.3 >= 2.0; }
@@ -413,6 +462,7 @@ class Executor {
   bool running_ = false;
   bool stopped_ = false;
   bool sleeping_ = false;  // the thread waits for a notify (not polling)
+  PollRhythm rhythm_;  // guarded by mutex_
   int64_t wakeups_ = 0;
   IdleCores idle_;  // guarded by mutex_
 };

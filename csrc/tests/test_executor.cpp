@@ -221,6 +221,27 @@ TEST_CASE(executor, a_recently_busy_thread_takes_jobs_unwoken_and_sleeps_when_id
   check_same(serial, polled);
 }
 
+TEST_CASE(executor, the_thread_polls_twice_per_interval_between_submits_within_bounds) {
+  using std::chrono::microseconds;
+  using std::chrono::milliseconds;
+  using Rhythm = hetero_replay::PollRhythm;
+  Rhythm rhythm;
+  CHECK(rhythm.period() == Rhythm::kMax);  // nothing seen yet
+  auto t = std::chrono::steady_clock::time_point{} + std::chrono::seconds(1);
+  rhythm.submitted(t, milliseconds(10));
+  CHECK(rhythm.period() == Rhythm::kMax);  // one submit is no interval
+  for (int i = 0; i < 40; ++i) rhythm.submitted(t += microseconds(200), milliseconds(10));
+  CHECK(rhythm.period() == microseconds(100));
+  rhythm.submitted(t += milliseconds(50), milliseconds(10));  // a rollout: left out
+  CHECK(rhythm.period() == microseconds(100));
+  rhythm.submitted(t += microseconds(600), milliseconds(10));  // smoothed: one gap moves it a quarter
+  CHECK(rhythm.period() == microseconds(150));
+  for (int i = 0; i < 40; ++i) rhythm.submitted(t += microseconds(10), milliseconds(10));
+  CHECK(rhythm.period() == Rhythm::kMin);
+  for (int i = 0; i < 40; ++i) rhythm.submitted(t += milliseconds(5), milliseconds(10));
+  CHECK(rhythm.period() == Rhythm::kMax);
+}
+
 TEST_CASE(executor, where_a_core_is_idle_an_unwoken_job_goes_to_the_thread) {
   hetero_replay::IdleCores idle;
   idle.available(std::chrono::steady_clock::now());
