@@ -2,7 +2,9 @@
 
 A learner step here is ``sample(B) -> train -> update_priorities``, the training a busy wait of
 ``--train-us`` microseconds (it holds one core as training does, and its length is exact, so the
-rhythm is the only variable). For strict PER and for ``RelaxedReplay(staleness=1, worker="native")``
+rhythm is the only variable). With ``--evict-mb M`` each training step first reads M MiB, as a
+real one moves its weights and activations through the caches: the replay calls then run with
+cold caches, as they do in ``learn``. For strict PER and for ``RelaxedReplay(staleness=1, worker="native")``
 on a host buffer of N = 100,000 DQN-like rows (obs float32 (4,)), per rhythm:
 
 * **learner µs**: the learner's own time in ``sample`` + ``update_priorities`` per step (strict:
@@ -17,6 +19,7 @@ Medians of ``--repeats`` interleaved rounds; torch is not involved. Run it on a 
 
     python benchmarks/bench_executor_rhythm.py
     python benchmarks/bench_executor_rhythm.py --train-us 150 1000 --batch 256 --repeats 7
+    python benchmarks/bench_executor_rhythm.py --train-us 300 --evict-mb 8      # cold caches
 """
 
 from __future__ import annotations
@@ -44,14 +47,15 @@ def filled_buffer(staleness: int) -> Any:
     return RelaxedReplay(replay, staleness=staleness, worker="native") if staleness else replay
 
 
-def busy_wait(seconds: float) -> None:
-    """Hold this core for ``seconds``, as a training step does."""
+def busy_wait(seconds: float, evict: np.ndarray) -> None:
+    """Hold this core for ``seconds``, as a training step does, after reading ``evict`` (may be empty)."""
+    evict.sum()
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
 
 
-def measure(buffer: Any, batch: int, train_us: float, steps: int) -> tuple[float, float, float]:
+def measure(buffer: Any, batch: int, train_us: float, steps: int, evict: np.ndarray) -> tuple[float, float, float]:
     """``steps`` learner steps: (learner µs per step in replay calls, share not drawn in time, other core µs)."""
     td = np.random.default_rng(0).random(batch)
     core = getattr(buffer, "_core", None)  # the native pipeline: read only to count jobs not done in time
@@ -64,7 +68,7 @@ def measure(buffer: Any, batch: int, train_us: float, steps: int) -> tuple[float
         start = clock()
         drawn = buffer.sample(batch)
         learner += clock() - start
-        busy_wait(train)
+        busy_wait(train, evict)
         start = clock()
         buffer.update_priorities(drawn.indices, td)
         learner += clock() - start
@@ -78,18 +82,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--seconds", type=float, default=0.6, help="seconds per measurement (default 0.6)")
+    p.add_argument("--evict-mb", type=float, default=0.0, help="MiB each training step reads first (default 0)")
     args = p.parse_args(argv)
     hetero_replay.set_num_threads(1)
+    evict = np.ones(int(args.evict_mb * 2**20) // 4, np.float32)
     buffers = {"strict": filled_buffer(0), "staleness 1": filled_buffer(1)}
     results: dict[tuple[float, str], list[tuple[float, float, float]]] = {}
     for r in range(args.repeats):
         for train_us in args.train_us:
             steps = max(int(args.seconds / (train_us * 1e-6)), 50)
             for label, buffer in buffers.items():
-                measure(buffer, args.batch, train_us, 100)  # warm up, and let the thread learn the rhythm
-                results.setdefault((train_us, label), []).append(measure(buffer, args.batch, train_us, steps))
+                measure(buffer, args.batch, train_us, 100, evict)  # warm up; the thread learns the rhythm
+                results.setdefault((train_us, label), []).append(measure(buffer, args.batch, train_us, steps, evict))
         print(f"round {r + 1}/{args.repeats} done", flush=True)
-    print(f"\n| B = {args.batch}, train µs | replay | learner µs / step | not drawn in time | other core µs / step |")
+    cold = f", {args.evict_mb:g} MiB read per step" if args.evict_mb else ""
+    print(
+        f"\n| B = {args.batch}{cold}, train µs | replay | learner µs / step | not drawn in time | other core µs / step |"
+    )
     print("|---|---|---|---|---|")
     for (train_us, label), rows in results.items():
         learner, late, other = (statistics.median(column) for column in zip(*rows))

@@ -49,7 +49,7 @@ def check_int(value: Any, name: str, low: int | None = None, high: int | None = 
         TypeError: ``value`` is not an integer (bools are refused).
         ValueError: it lies outside ``[low, high]``.
     """
-    if not is_int(value):
+    if type(value) is not int and not is_int(value):  # (the common case first: checked on every sample)
         raise TypeError(f"{name} must be an integer, got {_described(value)}")
     _check_range(value, name, low, high)
     return int(value)

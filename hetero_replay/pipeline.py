@@ -227,6 +227,8 @@ class RelaxedReplay:
             return self.replay.sample(batch_size, beta)
         n = check_batch_size(batch_size)
         b = self.replay.beta if beta is None else check_beta(beta)
+        if self.replay.rate_limiter is None:
+            return self._core.sample(n, b)
         with self.replay.rate_limited("sample", n):  # waits holding none of the schedule's locks
             return self._core.sample(n, b)
 
@@ -1129,22 +1131,26 @@ def _host_update(indices: Any, td_errors: Any) -> tuple[np.ndarray, np.ndarray]:
     Arrays that cannot be (not 1-D, not integers / real numbers, lengths
     that differ) are refused here, naming the argument, before anything is queued.
     """
-    out = []
-    for x, name, kinds, dtype in ((indices, "indices", "iu", np.int64), (td_errors, "td_errors", "fiu", np.float64)):
-        if hasattr(x, "detach"):
-            x = x.detach().cpu().numpy()
-        arr = np.asarray(x)
-        if arr.ndim != 1:
-            raise ValueError(f"update_priorities: {name} must be 1-D, got {arr.ndim}-D")
-        if arr.size and arr.dtype.kind not in kinds:
-            raise TypeError(
-                f"update_priorities: {name} must be {'integers' if kinds == 'iu' else 'real numbers'}, "
-                f"got dtype {arr.dtype}"
-            )
-        out.append(np.array(arr, dtype, copy=True))
-    if len(out[0]) != len(out[1]):
-        raise ValueError(f"update_priorities: {len(out[0])} indices but {len(out[1])} TD errors")
-    return out[0], out[1]
+    idx = _host_copy(indices, "indices", "iu", np.int64)
+    td = _host_copy(td_errors, "td_errors", "fiu", np.float64)
+    if len(idx) != len(td):
+        raise ValueError(f"update_priorities: {len(idx)} indices but {len(td)} TD errors")
+    return idx, td
+
+
+def _host_copy(x: Any, name: str, kinds: str, dtype: Any) -> np.ndarray:
+    """A 1-D copy of ``x`` (an array or a CPU tensor) as ``dtype``, whose kind must be one of ``kinds``."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    arr = x if type(x) is np.ndarray else np.asarray(x)
+    if arr.ndim != 1:
+        raise ValueError(f"update_priorities: {name} must be 1-D, got {arr.ndim}-D")
+    if arr.dtype.kind not in kinds and arr.size:
+        raise TypeError(
+            f"update_priorities: {name} must be {'integers' if kinds == 'iu' else 'real numbers'}, "
+            f"got dtype {arr.dtype}"
+        )
+    return arr.astype(dtype)  # a copy, always
 
 
 def _copy(x: Any) -> Any:

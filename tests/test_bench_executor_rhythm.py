@@ -12,7 +12,7 @@ bench = pytest.importorskip("bench_executor_rhythm")
 
 
 def test_main_prints_a_row_per_rhythm_and_replay(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["--train-us", "200", "2000", "--repeats", "1", "--seconds", "0.05"]) == 0
+    assert bench.main(["--train-us", "200", "2000", "--repeats", "1", "--seconds", "0.05", "--evict-mb", "1"]) == 0
     rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     table = {(row[0], row[1]): row[2:] for row in rows[1:]}  # after the header
     assert set(table) == {(t, r) for t in ("200", "2000") for r in ("strict", "staleness 1")}
