@@ -408,7 +408,8 @@ def test_tianshou_seeded_relaxed_runs_repeat_and_count_drops() -> None:
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert th.equal(pa, pb)
     assert a.dropped_updates == b.dropped_updates > 0  # 100 slots, 20 rewritten between updates
-    assert stats_a[-1].staleness == 2 and stats_a[-1].dropped_updates <= a.dropped_updates
+    # The staleness and the running count are the wrapper's; the trainer would average every stats field.
+    assert a.staleness == 2 and not hasattr(stats_a[-1], "staleness") and not hasattr(stats_a[-1], "dropped_updates")
 
 
 def wrapped_vector_buffer():
