@@ -492,10 +492,7 @@ class _Pipeline:
                 drawn = _Drawn(self.schedule.served, self._draw_here(n), n, None, self.replay.write_epoch)
             else:
                 self.ready.popleft()
-            self.schedule.serve(drawn.epoch)
-            self.batch_size, self.hold = n, False
-            while self.undo and self.undo[0].update.step <= self.schedule.seen_by_next:
-                self.undo.pop(0)  # needed by the batch of the next step: no longer ahead of the schedule
+            self._serve(drawn, n)
             if self.mode == "auto" and not self.threaded:
                 self._measure(start)
             self._release()
@@ -505,6 +502,15 @@ class _Pipeline:
         else:
             weights = batch.weights if beta == 1.0 else batch.weights**beta
         return Sample(batch.data, batch.indices, weights)
+
+    def _serve(self, drawn: _Drawn, n: int) -> None:
+        """Give ``drawn`` (a batch of ``n`` rows) to the learner: the schedule's step moves on."""
+        self.schedule.serve(drawn.epoch)
+        self.batch_size, self.hold = n, False
+        if self.undo:
+            seen = self.schedule.seen_by_next
+            while self.undo and self.undo[0].update.step <= seen:
+                self.undo.pop(0)  # needed by the batch of the next step: no longer ahead of the schedule
 
     def update(self, indices: Any, td_errors: Any) -> None:
         idx, td = _copy(indices), _copy(td_errors)
@@ -658,17 +664,18 @@ class _Pipeline:
         if ahead:
             self.undo.append(_Applied(update, snapshot, dropped))
 
-    def _released_step(self) -> int | None:
-        """The step of the next released batch still to draw, or ``None``."""
-        j = self.schedule.served + len(self.ready)
-        if self.hold or self.batch_size is None or j >= self.schedule.served + self.depth or len(self.replay) == 0:
-            return None
-        return j
+    def _released_steps(self) -> range:
+        """The steps of the released batches still to draw, in order (empty while held or empty)."""
+        if self.hold or self.batch_size is None or len(self.replay) == 0:
+            return range(0)
+        served = self.schedule.served
+        return range(served + len(self.ready), served + self.depth)
 
     def _next_job(self) -> Any:
         """The next job of the released work, in schedule order, or ``None`` when there is none."""
-        if self.drawing or (j := self._released_step()) is None:
+        if self.drawing or not (steps := self._released_steps()):
             return None
+        j = steps[0]
         update = self.schedule.due(j)
         if update is not None:
             return lambda: self._apply(update, ahead=update.step > self.schedule.seen_by_next)
@@ -885,12 +892,7 @@ class _NativePipeline(_Pipeline):
             if self.errors or self.worker_error is not None or not ready or ready[0] is not drawn:
                 return super().sample(n, beta)  # raises what failed where the schedule needs it
             ready.popleft()
-            self.schedule.serve(drawn.epoch)
-            self.batch_size, self.hold = n, False
-            if self.undo:
-                seen = self.schedule.seen_by_next
-                while self.undo and self.undo[0].update.step <= seen:
-                    self.undo.pop(0)
+            self._serve(drawn, n)
             self._release()
         batch = drawn.batch
         return Sample(batch.data, batch.indices, batch.weights if beta == 1.0 else batch.weights**beta)
@@ -930,10 +932,7 @@ class _NativePipeline(_Pipeline):
         return self.ready[0] if self.ready else None
 
     def _release(self) -> None:
-        if self.hold or self.batch_size is None or not len(self.replay):
-            return
-        served = self.schedule.served
-        for step in range(served + len(self.ready), served + self.depth):
+        for step in self._released_steps():
             self._submit(step)
 
     def _complete_released(self) -> None:
