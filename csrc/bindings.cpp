@@ -241,6 +241,37 @@ PYBIND11_MODULE(_native, m) {
       py::arg("priorities"), py::arg("min_priority"), py::arg("beta"),
       "IS weights (min_priority / p) ** beta as float32, exactly as the C++ tree computes them.");
   m.def(
+      "update_copies",
+      [](py::handle indices, py::handle td_errors) {
+        // The caller's arrays may change after it returns: the copies are the update's own.
+        auto own = [](py::array converted, py::handle given) {
+          if (converted.ptr() != given.ptr()) return converted;  // converted: a copy already
+          return py::array(converted.dtype(), {converted.size()}, converted.data());  // (no base: copied)
+        };
+        try {
+          auto [idx, td] = td_inputs(indices, td_errors);
+          return py::make_tuple(own(idx, indices), own(td, td_errors));
+        } catch (const py::type_error& e) {
+          throw py::type_error(std::string("update_priorities: ") + e.what());
+        } catch (const py::value_error& e) {
+          throw py::value_error(std::string("update_priorities: ") + e.what());
+        }
+      },
+      py::arg("indices"), py::arg("td_errors"),
+      "An update's arrays checked (1-D, integer indices, real TD errors, as many of each) and copied as "
+      "int64 and float64.");
+  m.def(
+      "raised_weights",
+      [](const py::array_t<float, py::array::c_style>& weights, double beta) {
+        py::array_t<float> out(weights.size());
+        float* o = out.mutable_data();
+        const float* w = weights.data();
+        for (py::ssize_t i = 0; i < weights.size(); ++i) o[i] = raised_ratio(w[i], beta);
+        return out;
+      },
+      py::arg("weights"), py::arg("beta"),
+      "IS weights at beta 1 (float32) raised to `beta`, in float32 as the C++ tree raises them.");
+  m.def(
       "run_parallel_for_test",
       [](int64_t n, int threads, int64_t failing_item) {
         ReleasedGil nogil;

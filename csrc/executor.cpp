@@ -1,16 +1,18 @@
 // hetero_replay._native.Executor: the relaxed pipeline's native executor (csrc/hetero_replay/executor.hpp).
 //
-// Python hands over whole jobs (the updates' index and TD-error arrays, the
-// generator the draw's uniforms come from, the output slot's arrays) and
+// Python registers the output slots once and hands over whole jobs (the updates'
+// index and TD-error arrays, the generator the draw's uniforms come from, a slot) and
 // collects them in order. The uniforms are drawn at submit, on the caller's
 // thread, so the generator moves in submission order whichever thread runs a job.
 // Each job's arrays stay referenced here until it is collected, so the native
 // thread, which never touches a Python object, always writes into live memory.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,12 +78,39 @@ class PyExecutor {
 
   ~PyExecutor() { executor_.reset(); }  // joins the thread first; it never takes the GIL
 
+  // Registers output slot `index`: [indices int64, weights float32 (beta 1), weights float32 (at the
+  // submit's beta), field 0, field 1, ...], each of at least `rows` rows. Checked here once; a slot is
+  // re-registered when its arrays change.
+  void set_slot(int64_t index, const py::list& outputs, int64_t rows) {
+    if (index < 0) throw py::value_error("Executor.set_slot: index must be >= 0");
+    if (static_cast<size_t>(py::len(outputs)) != 3 + fields_.size())
+      throw py::value_error(
+          "Executor.set_slot: outputs are indices, weights, raised weights and one array per field");
+    Slot slot;
+    slot.rows = rows;
+    slot.idx = checked<int64_t>(outputs[0], rows, "output indices");
+    slot.weights = checked<float>(outputs[1], rows, "output weights");
+    slot.raised = checked<float>(outputs[2], rows, "output raised weights");
+    for (size_t f = 0; f < fields_.size(); ++f) {
+      py::handle o = outputs[3 + f];
+      if (!py::isinstance<py::array>(o)) throw py::type_error("Executor outputs must be numpy arrays");
+      py::array a = py::reinterpret_borrow<py::array>(o);
+      if (!(a.flags() & py::array::c_style) || a.nbytes() < rows * fields_[f])
+        throw py::value_error("Executor.set_slot: output field " + std::to_string(f) + " is too small");
+      slot.fields.push_back(static_cast<char*>(a.mutable_data()));
+    }
+    slot.keep = outputs;
+    if (static_cast<size_t>(index) >= slots_.size()) slots_.resize(static_cast<size_t>(index) + 1);
+    slots_[static_cast<size_t>(index)] = std::move(slot);
+  }
+
   // updates: [(indices int64, td float64, epoch, undo_indices int64 or None, undo_leaves or None)].
   // A draw of batch_size rows (0: none) from uniforms drawn here from `rng` (a numpy Generator, as
-  // rng.random(batch_size) draws them) into
-  // outputs: [indices int64, weights float32 (beta 1), field 0, field 1, ...] of at least batch_size rows.
-  void submit(const py::list& updates, py::handle rng, int64_t batch_size, py::object outputs,
-              bool stratified, double alpha, double eps, int64_t limit, bool wake) {
+  // rng.random(batch_size) draws them) into the registered output slot `slot` (set_slot), its weights
+  // also raised to `beta` (None: not).
+  void submit(const py::list& updates, py::handle rng, int64_t batch_size, int64_t slot,
+              std::optional<double> beta, bool stratified, double alpha, double eps, int64_t limit,
+              bool wake) {
     if (batch_size < 0) throw py::value_error("Executor.submit: batch_size must be >= 0");
     Submitted s{std::make_unique<Job>(), {}, {}};
     Job& job = *s.job;
@@ -111,23 +140,23 @@ class PyExecutor {
       s.keep.push_back(py::reinterpret_borrow<py::object>(h));
     }
     if (batch_size > 0) {
+      if (slot < 0 || static_cast<size_t>(slot) >= slots_.size() || !slots_[slot].keep)
+        throw py::value_error("Executor.submit: slot " + std::to_string(slot) + " is not registered");
+      const Slot& out = slots_[static_cast<size_t>(slot)];
+      if (out.rows < batch_size)
+        throw py::value_error("Executor.submit: slot " + std::to_string(slot) + " holds " +
+                              std::to_string(out.rows) + " rows, not " + std::to_string(batch_size));
       DrawTask& d = job.draw;
       d.n = batch_size;
       d.stratified = stratified;
-      py::list out = outputs.cast<py::list>();
-      if (static_cast<size_t>(py::len(out)) != 2 + fields_.size())
-        throw py::value_error("Executor.submit: outputs are indices, weights and one array per field");
-      d.idx_out = checked<int64_t>(out[0], d.n, "output indices");
-      d.weight_out = checked<float>(out[1], d.n, "output weights");
-      for (size_t f = 0; f < fields_.size(); ++f) {
-        py::handle o = out[2 + f];
-        if (!py::isinstance<py::array>(o)) throw py::type_error("Executor outputs must be numpy arrays");
-        py::array a = py::reinterpret_borrow<py::array>(o);
-        if (!(a.flags() & py::array::c_style) || a.nbytes() < d.n * fields_[f])
-          throw py::value_error("Executor.submit: output field " + std::to_string(f) + " is too small");
-        d.field_out.push_back(static_cast<char*>(a.mutable_data()));
+      d.idx_out = out.idx;
+      d.weight_out = out.weights;
+      if (beta) {
+        d.beta = *beta;
+        d.raised_out = out.raised;
       }
-      s.keep.push_back(outputs);
+      d.field_out = out.fields;
+      s.keep.push_back(out.keep);  // a re-registered slot's old arrays live until this job is collected
       s.uniforms.resize(static_cast<size_t>(d.n));
       uniforms_.draw(rng, s.uniforms.data(), d.n);  // last: a refused submit leaves the generator as it was
       d.uniforms = s.uniforms.data();
@@ -170,6 +199,15 @@ class PyExecutor {
   bool thread_alive() const { return executor_->thread_alive(); }
 
  private:
+  struct Slot {
+    int64_t rows = 0;
+    int64_t* idx = nullptr;
+    float* weights = nullptr;
+    float* raised = nullptr;
+    std::vector<char*> fields;
+    py::object keep;  // the arrays (none: not registered)
+  };
+
   struct Submitted {
     std::unique_ptr<Job> job;
     std::vector<py::object> keep;  // the arrays the job points into
@@ -183,6 +221,7 @@ class PyExecutor {
   int value_bytes_ = 4;  // the tree's leaves: float32 or float64
   std::unique_ptr<Executor> executor_;
   std::deque<Submitted> submitted_;
+  std::vector<Slot> slots_;
   NumpyUniforms uniforms_;
 };
 
@@ -196,9 +235,12 @@ submission order on its own thread, with no Python and no GIL.
 )doc")
       .def(py::init<py::object, py::list, py::object>(), py::arg("tree"), py::arg("fields"),
            py::arg("written_at"))
+      .def(
+          "set_slot", &PyExecutor::set_slot, py::arg("index"), py::arg("outputs"), py::arg("rows"),
+          "Registers output slot `index` (indices, weights, one array per field; at least `rows` rows each).")
       .def("submit", &PyExecutor::submit, py::arg("updates"), py::arg("rng"), py::arg("batch_size"),
-           py::arg("outputs"), py::arg("stratified"), py::arg("alpha"), py::arg("eps"), py::arg("limit"),
-           py::arg("wake") = true,
+           py::arg("slot"), py::arg("beta"), py::arg("stratified"), py::arg("alpha"), py::arg("eps"),
+           py::arg("limit"), py::arg("wake") = true,
            "Queues one job (its arrays kept until collect() returns it), its uniforms drawn from rng now; "
            "wake=False hands it to the thread only where a core is idle for it, else to collect().")
       .def("collect", &PyExecutor::collect, "Waits for the oldest job and returns its results.")

@@ -18,9 +18,9 @@ class NumpyUniforms {
   // Draws n uniforms from `generator` into out (the caller holds the GIL).
   void draw(pybind11::handle generator, double* out, int64_t n) {
     bind(generator);
-    lock_.attr("acquire")();
+    acquire_();
     for (int64_t i = 0; i < n; ++i) out[i] = next_double_(state_);
-    lock_.attr("release")();
+    release_();
   }
 
  private:
@@ -36,12 +36,14 @@ class NumpyUniforms {
                              .cast<uintptr_t>();
     state_ = reinterpret_cast<void*>(iface.attr("state_address").cast<uintptr_t>());
     next_double_ = reinterpret_cast<double (*)(void*)>(fn);
-    lock_ = bitgen.attr("lock");
+    pybind11::object lock = bitgen.attr("lock");
+    acquire_ = lock.attr("acquire");
+    release_ = lock.attr("release");
     rng_ = pybind11::reinterpret_borrow<pybind11::object>(generator);
   }
 
   pybind11::object rng_;   // the Generator last bound
-  pybind11::object lock_;  // its bit generator's lock
+  pybind11::object acquire_, release_;  // its bit generator's lock's methods
   void* state_ = nullptr;
   double (*next_double_)(void*) = nullptr;
 };

@@ -31,7 +31,9 @@ to where they began and the updates applied for them since the last write are
 undone exactly.
 
 **IS weights** of a relaxed batch are ``(p_min / p_i) ** beta`` of the
-priorities it was drawn with, ``beta`` being the one of the ``sample`` call.
+priorities it was drawn with, ``beta`` being the one of the ``sample`` call:
+drawn at beta 1, raised in float32 as the C++ tree raises them (ahead, to the
+buffer's beta, by whoever draws the batch; when served, where the call's beta differs).
 
 **Errors** of a queued update (a NaN TD error, an index out of range) are
 raised, naming the step, by the first ``sample`` whose batch the schedule
@@ -45,8 +47,9 @@ raised by the learner's next call, once.
 
 * ``"native"``: the released work runs as whole jobs on a C++ thread that
   never takes the GIL (:class:`hetero_replay._native.Executor`): apply the
-  updates, draw from uniforms drawn here from the buffer's generator, gather
-  the rows into a ring of ``2 * d + 1`` preallocated slots. The arrays of a
+  updates, draw from uniforms drawn here from the buffer's generator, raise the
+  weights, gather the rows into a ring of ``2 * d + 1`` preallocated slots
+  (registered with the executor once). The arrays of a
   served batch are the slot's: they stay valid until the learner has taken
   ``d + 1`` more batches (copy them to keep them longer; SB3 and Tianshou use
   a batch within its step). Update arrays are checked and copied when given
@@ -87,7 +90,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import numpy as np
@@ -117,7 +120,7 @@ NATIVE_HANDOVER_US = 25.0
 MARK_SPAN = 1 << 16
 
 
-@dataclass
+@dataclass(slots=True)
 class _Drawn:
     """A batch drawn for learner ``step``, with what is needed to undo the draw."""
 
@@ -134,7 +137,7 @@ class _Drawn:
     job: _Job | None = None  # the native executor's job that draws it (``batch`` is set when collected)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Applied:
     """An update applied ahead of the next batch to serve, undone if that batch is redrawn."""
 
@@ -497,10 +500,7 @@ class _Pipeline:
                 self._measure(start)
             self._release()
         batch = self.streams.receive(drawn)
-        if beta == drawn.beta:
-            weights = drawn.weights  # the worker raised them to this beta already
-        else:
-            weights = batch.weights if beta == 1.0 else batch.weights**beta
+        weights = drawn.weights if beta == drawn.beta else _raised(batch.weights, beta)  # raised already?
         return Sample(batch.data, batch.indices, weights)
 
     def _serve(self, drawn: _Drawn, n: int) -> None:
@@ -693,7 +693,7 @@ class _Pipeline:
             with self.streams.worker():
                 batch = self.replay.draw(n, 1.0)
                 beta = self.replay.beta  # most likely the next sample's: raise the weights here, off the learner
-                weights = batch.weights if beta == 1.0 else batch.weights**beta
+                weights = _raised(batch.weights, beta)
                 event = self.streams.record()
         except Exception:  # the engine left the generator as it was; the learner's own draw will raise it
             batch = None
@@ -802,16 +802,17 @@ class _GeneratorMark:
         self.state = None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Slot:
     """One output slot of the native executor's ring."""
 
-    arrays: list[np.ndarray]  # what the executor writes: indices, weights, one array per field
+    arrays: list[np.ndarray]  # what the executor writes: indices, weights at beta 1 and raised, one array per field
     tensors: list[Any] | None = None  # the same memory as CPU tensors (torch batches; pinned for a CUDA learner)
     copied: Any = None  # CUDA event after the copies out of the slot: waited for before it is rewritten
+    data: dict[str, np.ndarray] = field(default_factory=dict)  # the fields' arrays by name
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
     """A released batch handed to the native executor: the updates it applies first, and its output slot."""
 
@@ -895,7 +896,7 @@ class _NativePipeline(_Pipeline):
             self._serve(drawn, n)
             self._release()
         batch = drawn.batch
-        return Sample(batch.data, batch.indices, batch.weights if beta == 1.0 else batch.weights**beta)
+        return Sample(batch.data, batch.indices, drawn.weights if beta == drawn.beta else _raised(batch.weights, beta))
 
     def update(self, indices: Any, td_errors: Any) -> None:
         copied = None
@@ -960,14 +961,18 @@ class _NativePipeline(_Pipeline):
                 updates.append((update, np.empty(k, np.int64), np.empty(k, self.leaf_dtype)))
             else:
                 updates.append((update, None, None))
-        slot = self._slot(n)
+        i, slot = self._slot(n)
         at = self.mark.before_draw(first=not self.ready)
         priorities = self.replay.priorities
+        # The weights are raised to the buffer's beta in the job too (most likely the next sample's), as the Python
+        # executors raise them; tensor batches raise theirs with torch when served, as those executors do.
+        raise_to = priorities.beta if slot.tensors is None else None
         self.executor.submit(
             [(u.indices, u.td_errors, u.epoch, ui, ul) for u, ui, ul in updates],
             self.replay.rng,
             n,
-            slot.arrays,
+            i,
+            raise_to,
             priorities.stratified,
             priorities.alpha,
             priorities.eps,
@@ -975,7 +980,7 @@ class _NativePipeline(_Pipeline):
             self.wake,
         )
         self.mark.drew(n)
-        self.ready.append(_Drawn(step, None, n, at, priorities.write_epoch, job=_Job(updates, slot)))  # type: ignore[arg-type]
+        self.ready.append(_Drawn(step, None, n, at, priorities.write_epoch, beta=raise_to, job=_Job(updates, slot)))  # type: ignore[arg-type]
 
     def _rewind(self, drawn: _Drawn) -> None:
         self.mark.rewind(drawn.rewind_to)
@@ -984,8 +989,8 @@ class _NativePipeline(_Pipeline):
         self.mark.forget()  # the generator moves outside the executor's count
         return super()._draw_here(n)
 
-    def _slot(self, n: int) -> _Slot:
-        """The next slot of the ring, holding ``n`` rows (once the copies out of it are done)."""
+    def _slot(self, n: int) -> tuple[int, _Slot]:
+        """The next slot of the ring and its index, holding ``n`` rows (once the copies out of it are done)."""
         i = self.next_slot
         self.next_slot = (i + 1) % len(self.slots)
         slot = self.slots[i]
@@ -993,22 +998,23 @@ class _NativePipeline(_Pipeline):
             slot.copied.synchronize()
             slot.copied = None
         if slot is None or len(slot.arrays[0]) != n:
-            arrays: list[np.ndarray] = [np.empty(n, np.int64), np.empty(n, np.float32)]
+            arrays: list[np.ndarray] = [np.empty(n, np.int64), np.empty(n, np.float32), np.empty(n, np.float32)]
             arrays += [np.empty((n, *shape), dtype) for _, shape, dtype in self.fields]
             slot = (
                 _Slot(arrays) if self.device is None else _tensor_slot(arrays, pinned=self.streams.stream is not None)
             )
+            slot.data = dict(zip(self.names, slot.arrays[3:]))
+            self.executor.set_slot(i, slot.arrays, n)
             self.slots[i] = slot
-        return slot
+        return i, slot
 
     def _deliver(self, drawn: _Drawn) -> Sample:
         """A done job's batch: its slot's arrays, or tensors of them, or (CUDA) their copies on the device."""
         assert drawn.job is not None
         slot = drawn.job.slot
         if slot.tensors is None:
-            idx, weights, *fields = slot.arrays
-            return Sample(dict(zip(self.names, fields)), idx, weights)
-        t_idx, t_weights, *t_fields = slot.tensors  # indices stay where the (host) tree is, as the engine gives them
+            return Sample(dict(slot.data), slot.arrays[0], slot.arrays[1])
+        t_idx, t_weights, _, *t_fields = slot.tensors  # indices stay where the (host) tree is, as the engine gives them
         if self.streams.stream is not None:
             with self.streams.worker():
                 t_weights = t_weights.to(self.device, non_blocking=True)
@@ -1041,7 +1047,10 @@ class _NativePipeline(_Pipeline):
             self._abandon_after(i)
             return
         drawn.batch = self._deliver(drawn)
-        drawn.weights, drawn.beta = drawn.batch.weights, 1.0
+        if drawn.beta is None:  # tensors: raised when served
+            drawn.weights, drawn.beta = drawn.batch.weights, 1.0
+        else:
+            drawn.weights = job.slot.arrays[2]  # raised by the job
 
     def _measure_job(self, run_ns: int) -> None:
         """``worker="auto"``: wake the executor's thread for the next jobs (with every core busy too) only if they
@@ -1104,6 +1113,16 @@ def _native_error(error: tuple[int, str]) -> Exception:
     return ValueError(message) if kind == 1 else IndexError(message) if kind == 2 else RuntimeError(message)
 
 
+def _raised(weights: Any, beta: float) -> Any:
+    """IS weights at ``beta`` from those at beta 1: for NumPy weights, in float32 as the C++ tree raises them
+    (the native executor raises them so too); tensors with torch's ``pow``."""
+    if beta == 1.0:
+        return weights
+    if type(weights) is np.ndarray:
+        return _native.raised_weights(weights, beta)
+    return weights**beta
+
+
 def _tensor_slot(arrays: list[np.ndarray], pinned: bool) -> _Slot:
     """A slot whose memory is CPU tensors (page-locked if ``pinned``), the executor writing their NumPy views."""
     import torch
@@ -1130,26 +1149,14 @@ def _host_update(indices: Any, td_errors: Any) -> tuple[np.ndarray, np.ndarray]:
     Arrays that cannot be (not 1-D, not integers / real numbers, lengths
     that differ) are refused here, naming the argument, before anything is queued.
     """
-    idx = _host_copy(indices, "indices", "iu", np.int64)
-    td = _host_copy(td_errors, "td_errors", "fiu", np.float64)
-    if len(idx) != len(td):
-        raise ValueError(f"update_priorities: {len(idx)} indices but {len(td)} TD errors")
-    return idx, td
+    return _native.update_copies(_on_host(indices), _on_host(td_errors))
 
 
-def _host_copy(x: Any, name: str, kinds: str, dtype: Any) -> np.ndarray:
-    """A 1-D copy of ``x`` (an array or a CPU tensor) as ``dtype``, whose kind must be one of ``kinds``."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    arr = x if type(x) is np.ndarray else np.asarray(x)
-    if arr.ndim != 1:
-        raise ValueError(f"update_priorities: {name} must be 1-D, got {arr.ndim}-D")
-    if arr.dtype.kind not in kinds and arr.size:
-        raise TypeError(
-            f"update_priorities: {name} must be {'integers' if kinds == 'iu' else 'real numbers'}, "
-            f"got dtype {arr.dtype}"
-        )
-    return arr.astype(dtype)  # a copy, always
+def _on_host(x: Any) -> Any:
+    """``x``, a CPU tensor's NumPy view of it."""
+    if type(x) is np.ndarray or not hasattr(x, "detach"):
+        return x
+    return x.detach().cpu().numpy()
 
 
 def _copy(x: Any) -> Any:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingUpdate:
     """A priority update waiting for its turn: learner ``step``, its batch's write ``epoch``.
 

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hetero_replay import PEROptions, Priorities, PrioritizedReplay, registry
+from hetero_replay import PEROptions, Priorities, PrioritizedReplay, _native, registry
 from hetero_replay.checks import MAX_STALENESS
 from hetero_replay.pipeline import RelaxedReplay
 from tests.test_engine_concurrency import _wait_or_kill
@@ -181,7 +181,8 @@ def reference_run(
             if step not in drawn:
                 draw(step)
         beta = BETAS[t % len(BETAS)]
-        batches.append((b.indices.copy(), b.weights**beta, {f: a.copy() for f, a in b.data.items()}))
+        weights = _native.raised_weights(b.weights, beta)  # as every executor raises them
+        batches.append((b.indices.copy(), weights, {f: a.copy() for f, a in b.data.items()}))
         queue.append((t, b.indices.copy(), td_errors(b, rng), epoch))
     while queue:
         _, idx, td, epoch = queue.popleft()

@@ -179,7 +179,7 @@ def test_torch_batches_on_the_cpu_are_the_slots_tensors_and_the_inline_batches()
                 b = buf.sample(32, 0.5)
                 assert isinstance(b.data["obs"], torch.Tensor) and isinstance(b.weights, torch.Tensor)
                 if worker == "native" and t > 0:  # (the first batch is the learner's own draw)
-                    slot_memory = {s.tensors[2].data_ptr() for s in buf._core.slots if s is not None}
+                    slot_memory = {s.tensors[3].data_ptr() for s in buf._core.slots if s is not None}
                     assert b.data["obs"].data_ptr() in slot_memory  # the slot itself, not a copy
                 seen.append([x.numpy().copy() for x in (b.indices, b.weights, b.data["obs"], b.data["a"])])
                 buf.update_priorities(b.indices, torch.rand(32, generator=g))
@@ -288,20 +288,47 @@ def test_malformed_updates_are_refused_at_once_by_the_native_executor(indices, t
         buf.close()
 
 
+def slot_arrays(engine: Any, n: int) -> list[np.ndarray]:
+    """An output slot for ``engine``'s executor: indices, weights, one array per field, ``n`` rows each."""
+    return [np.empty(n, np.int64), np.empty(n, np.float32), np.empty(n, np.float32)] + [
+        np.empty((n, *f.shape), f.dtype) for f in engine.schema.values()
+    ]
+
+
 @pytest.mark.parametrize(
-    "batch_size, outputs, match",
-    [(-1, None, "batch_size must be >= 0"), (8, [np.empty(8, np.int64)], "outputs are indices, weights and one")],
+    "batch_size, slot_rows, match",
+    [(-1, 8, "batch_size must be >= 0"), (8, None, "slot 0 is not registered"), (8, 4, "holds 4 rows, not 8")],
 )
-def test_a_refused_submit_leaves_the_generator_where_it_was(batch_size, outputs, match):
+def test_a_refused_submit_leaves_the_generator_where_it_was(batch_size, slot_rows, match):
     # The executor draws a job's uniforms last, after every check of the job.
     engine = make(64, "native")
     engine.add(rows(64))
     tree, fields, written_at = engine.native_parts()
     executor = pipeline._native.Executor(tree, fields, written_at)
+    if slot_rows is not None:
+        executor.set_slot(0, slot_arrays(engine, slot_rows), slot_rows)
     before = dict(engine.rng.bit_generator.state)
     with pytest.raises(ValueError, match=match):
-        executor.submit([], engine.rng, batch_size, outputs, True, 0.6, 1e-6, 64)
+        executor.submit([], engine.rng, batch_size, 0, None, True, 0.6, 1e-6, 64)
     assert engine.rng.bit_generator.state == before and executor.pending == 0
+    executor.stop()
+
+
+@pytest.mark.parametrize(
+    "outputs, rows_, match",
+    [
+        ([np.empty(8, np.int64)], 8, "outputs are indices, weights, raised weights and one array per field"),
+        (None, 16, "expected a C-contiguous int64 array of at least 16 entries"),
+    ],
+)
+def test_a_slot_is_checked_when_registered(outputs, rows_, match):
+    engine = make(64, "native")
+    tree, fields, written_at = engine.native_parts()
+    executor = pipeline._native.Executor(tree, fields, written_at)
+    with pytest.raises(ValueError, match=match):
+        executor.set_slot(0, slot_arrays(engine, 8) if outputs is None else outputs, rows_)
+    with pytest.raises(ValueError, match="slot 0 is not registered"):  # nothing registered
+        executor.submit([], engine.rng, 8, 0, None, True, 0.6, 1e-6, 64)
     executor.stop()
 
 

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from hetero_replay import _native
 from hetero_replay.trees import FANOUTS, make_tree
 from tests.conftest import CPU_BACKENDS
 
@@ -130,6 +131,20 @@ def test_is_weights_follow_formula(backend):
         expected = full[idx] / full.max()  # normalised by the buffer's max weight
         np.testing.assert_allclose(w, expected, rtol=2e-6)
         assert w.dtype == np.float32 and idx.dtype == np.int64
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.25, 0.4, 1.0])
+def test_weights_raised_from_beta_one_are_the_trees_own(beta):
+    # The relaxed pipeline draws at beta 1 and raises the weights later (_native.raised_weights, or in the
+    # native executor's job): the same bits as a draw at beta.
+    rng = np.random.default_rng(7)
+    tree = make_tree("native", 1000)
+    tree.update(np.arange(300), (rng.random(300) + 0.01).astype(np.float32))
+    idx, ratios = tree.sample(256, np.random.default_rng(1), 1.0)
+    same_idx, weights = tree.sample(256, np.random.default_rng(1), beta)
+    np.testing.assert_array_equal(idx, same_idx)
+    raised = _native.raised_weights(ratios, beta)
+    assert raised.dtype == np.float32 and np.array_equal(raised, weights)
 
 
 def test_min_ignores_zeros_and_tracks_removals(backend):

@@ -134,15 +134,19 @@ HR_HD double draw_mass(int64_t i, int64_t n, double u, double total, bool strati
   return stratified ? (static_cast<double>(i) + u) * (total / static_cast<double>(n)) : u * total;
 }
 
+// The IS weight at `beta` of a weight at beta 1 (ratio = p_min / p_i, float32): the power in float32.
+HR_HD float raised_ratio(float ratio, double beta) {
+  if (beta == 0.0) return 1.0f;
+  if (beta == 1.0) return ratio;
+  return powf(ratio, static_cast<float>(beta));
+}
+
 // Importance-sampling weight normalised by the largest weight in the buffer:
 // (N P(i))^-beta / max_j (N P(j))^-beta = (p_min / p_i)^beta.
 // The ratio is taken in float64, the power in float32 (the weight's type).
 template <typename T>
 HR_HD float is_weight(T priority, double min_priority, double beta) {
-  const float ratio = static_cast<float>(min_priority / static_cast<double>(priority));
-  if (beta == 0.0) return 1.0f;
-  if (beta == 1.0) return ratio;
-  return powf(ratio, static_cast<float>(beta));
+  return raised_ratio(static_cast<float>(min_priority / static_cast<double>(priority)), beta);
 }
 
 // Smallest positive value of a group; zeros cannot be sampled and do not

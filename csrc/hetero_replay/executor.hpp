@@ -75,13 +75,15 @@ struct UpdateTask {
   std::string message;
 };
 
-// A batch to draw: n uniforms in [0, 1) -> leaves, IS weights (beta 1), rows.
+// A batch to draw: n uniforms in [0, 1) -> leaves, IS weights (beta 1; and at `beta`), rows.
 struct DrawTask {
   int64_t n = 0;  // 0: no draw
   const double* uniforms = nullptr;
   bool stratified = true;
   int64_t* idx_out = nullptr;
   float* weight_out = nullptr;
+  double beta = 1.0;  // the learner's most likely next beta: its weights go to raised_out (if not null)
+  float* raised_out = nullptr;
   std::vector<char*> field_out;  // one per field, n * bytes each
   JobError error = JobError::kNone;  // then the outputs are unspecified
   std::string message;
@@ -189,6 +191,8 @@ inline void draw_batch(const JobContext& c, DrawTask& d) {
         throw std::invalid_argument("the tree holds no priority mass (all priorities are 0)");
       c.tree->sample(d.uniforms, d.n, d.stratified, 1.0, d.idx_out, d.weight_out);
     }
+    if (d.raised_out)
+      for (int64_t i = 0; i < d.n; ++i) d.raised_out[i] = raised_ratio(d.weight_out[i], d.beta);
     gather_rows(c.fields, d.field_out, d.idx_out, d.n, d.n >= 1024 ? num_threads() : 1);
   } catch (...) {
     d.error = error_kind(std::current_exception(), d.message);
