@@ -82,7 +82,7 @@ class PyExecutor {
   // submit's beta), field 0, field 1, ...], each of at least `rows` rows. Checked here once; a slot is
   // re-registered when its arrays change.
   void set_slot(int64_t index, const py::list& outputs, int64_t rows) {
-    if (index < 0) throw py::value_error("Executor.set_slot: index must be >= 0");
+    if (index < 0 || rows < 0) throw py::value_error("Executor.set_slot: index and rows must be >= 0");
     if (static_cast<size_t>(py::len(outputs)) != 3 + fields_.size())
       throw py::value_error(
           "Executor.set_slot: outputs are indices, weights, raised weights and one array per field");
@@ -235,9 +235,9 @@ submission order on its own thread, with no Python and no GIL.
 )doc")
       .def(py::init<py::object, py::list, py::object>(), py::arg("tree"), py::arg("fields"),
            py::arg("written_at"))
-      .def(
-          "set_slot", &PyExecutor::set_slot, py::arg("index"), py::arg("outputs"), py::arg("rows"),
-          "Registers output slot `index` (indices, weights, one array per field; at least `rows` rows each).")
+      .def("set_slot", &PyExecutor::set_slot, py::arg("index"), py::arg("outputs"), py::arg("rows"),
+           "Registers output slot `index` (indices, weights, raised weights, one array per field; at least "
+           "`rows` rows each).")
       .def("submit", &PyExecutor::submit, py::arg("updates"), py::arg("rng"), py::arg("batch_size"),
            py::arg("slot"), py::arg("beta"), py::arg("stratified"), py::arg("alpha"), py::arg("eps"),
            py::arg("limit"), py::arg("wake") = true,

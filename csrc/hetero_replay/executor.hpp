@@ -230,6 +230,11 @@ class PollRhythm {
     last_ = now;
   }
 
+  // Whether a submit at `now` follows the last one within `span`.
+  bool follows_within(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds span) const {
+    return last_ && now - *last_ < span;
+  }
+
   std::chrono::nanoseconds period() const {
     if (!interval_.count()) return kMax;
     return std::clamp<std::chrono::nanoseconds>(interval_ / kPollsPerSubmit, kMin, kMax);
@@ -256,18 +261,24 @@ class Executor {
   // another core costs the caller ~15 us warm on a 2-vCPU VM, ~45 us with cold caches, more than a
   // small job. A sleeping thread is started or woken (counted in wakeups()) with `wake`, and
   // without it only where a core is idle for it (then it polls for the jobs that follow); else the
-  // job runs in wait() on the caller's thread, unless the thread, busy, reaches it first.
+  // job runs in wait() on the caller's thread, unless the thread, busy, reaches it first. Nor does a
+  // job without `wake` wake a sleeping thread where it came kPollFor or more after the last submit: the
+  // thread would sleep again before the next one, so a caller that slow (SAC's ~13 ms gradient steps)
+  // would pay a wake-up per job, and the idle core ~20 polls per job, for work it does in less time.
   void submit(Job* job, bool wake = true) {
     std::unique_lock<std::mutex> lock(mutex_);
-    rhythm_.submitted(std::chrono::steady_clock::now(), kPollFor);
+    const auto now = std::chrono::steady_clock::now();
+    const bool steady = rhythm_.follows_within(now, kPollFor);  // a thread woken now polls for the next
+    rhythm_.submitted(now, kPollFor);
     queue_.push_back(job);
     if (stopped_ || (thread_alive_ && !sleeping_)) return;  // running or polling: it takes the job
-    if (!wake && !cores_free(std::chrono::steady_clock::now())) return;
+    if (!wake && !cores_free(now)) return;
     if (!thread_alive_) {
       thread_ = std::thread([this] { loop(); });
       thread_alive_ = true;
       return;  // it looks at the queue first
     }
+    if (!wake && !steady) return;
     ++wakeups_;
     lock.unlock();
     work_.notify_one();

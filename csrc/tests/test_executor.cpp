@@ -106,9 +106,9 @@ struct Run {
 constexpr int kJobs = 24;
 int64_t batch(int j) { return j % 3 == 0 ? 2048 : 64; }
 
-void check_same(Run& a, Run& b) {
+void check_same(Run& a, Run& b, int jobs = kJobs) {
   CHECK(same_bits(a.tree.leaves(), b.tree.leaves()));
-  for (int j = 0; j < kJobs; ++j) {
+  for (int j = 0; j < jobs; ++j) {
     const UpdateTask &ua = a.jobs[j]->updates[0], &ub = b.jobs[j]->updates[0];
     CHECK_EQ(ua.dropped, ub.dropped);
     CHECK_EQ(ua.kept, ub.kept);
@@ -256,6 +256,36 @@ TEST_CASE(executor, where_a_core_is_idle_an_unwoken_job_goes_to_the_thread) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));  // never wait(): that would run it here
   CHECK(ex.done(job));
   CHECK(ex.thread_alive());
+}
+
+TEST_CASE(executor, an_unwoken_job_wakes_a_sleeping_thread_only_within_the_poll_span_of_the_last) {
+  hetero_replay::IdleCores idle;
+  idle.available(std::chrono::steady_clock::now());
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  if (idle.available(std::chrono::steady_clock::now()) < 1.95) return;  // a busy machine: never woken anyway
+  Run serial, run;
+  const JobContext sc = serial.context();
+  for (int j = 0; j < 3; ++j) hetero_replay::run_job(sc, *serial.make_job(j, batch(j)));
+  Executor ex(run.context());
+  Job* first = run.make_job(0, batch(0));
+  ex.submit(first);  // starts the thread
+  ex.wait(first);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!ex.sleeping() && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(Executor::kPollFor);
+  CHECK(ex.sleeping());
+  // Long after the last submit (a slow learner): the job waits for the caller.
+  const int64_t before = ex.wakeups();
+  Job* slow = run.make_job(1, batch(1));
+  ex.submit(slow, /*wake=*/false);
+  CHECK_EQ(ex.wakeups(), before);  // (only a spurious wake-up of the thread would run it now)
+  // Right after it (a steady learner): the thread is woken, and polls for the jobs that follow.
+  Job* steady = run.make_job(2, batch(2));
+  ex.submit(steady, /*wake=*/false);
+  CHECK_EQ(ex.wakeups(), before + 1);
+  ex.wait(steady);
+  CHECK(ex.done(slow));
+  check_same(serial, run, 3);
 }
 
 TEST_CASE(executor, a_draw_from_an_empty_tree_fails_and_writes_nothing) {
