@@ -1154,7 +1154,7 @@ def _host_update(indices: Any, td_errors: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _on_host(x: Any) -> Any:
-    """``x``, a CPU tensor's NumPy view of it."""
+    """``x`` as it is, or for a tensor its NumPy view on the host (a copy, off a device)."""
     if type(x) is np.ndarray or not hasattr(x, "detach"):
         return x
     return x.detach().cpu().numpy()

@@ -289,7 +289,8 @@ def test_malformed_updates_are_refused_at_once_by_the_native_executor(indices, t
 
 
 def slot_arrays(engine: Any, n: int) -> list[np.ndarray]:
-    """An output slot for ``engine``'s executor: indices, weights, one array per field, ``n`` rows each."""
+    """An output slot for ``engine``'s executor: indices, weights, raised weights, one array per field, ``n`` rows
+    each."""
     return [np.empty(n, np.int64), np.empty(n, np.float32), np.empty(n, np.float32)] + [
         np.empty((n, *f.shape), f.dtype) for f in engine.schema.values()
     ]
