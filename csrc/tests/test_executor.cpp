@@ -280,9 +280,13 @@ TEST_CASE(executor, an_unwoken_job_wakes_a_sleeping_thread_only_within_the_poll_
   ex.submit(slow, /*wake=*/false);
   CHECK_EQ(ex.wakeups(), before);  // (only a spurious wake-up of the thread would run it now)
   // Right after it (a steady learner): the thread is woken, and polls for the jobs that follow.
+  const auto after_slow = std::chrono::steady_clock::now();
   Job* steady = run.make_job(2, batch(2));
   ex.submit(steady, /*wake=*/false);
-  CHECK_EQ(ex.wakeups(), before + 1);
+  const bool soon = std::chrono::steady_clock::now() - after_slow < Executor::kPollFor / 2;
+  CHECK(ex.wakeups() <= before + 1);
+  // (Unless this thread was kept off the CPU that long, or the machine got busy meanwhile.)
+  if (soon && idle.available(std::chrono::steady_clock::now()) >= 1.95) CHECK_EQ(ex.wakeups(), before + 1);
   ex.wait(steady);
   CHECK(ex.done(slow));
   check_same(serial, run, 3);
