@@ -319,6 +319,8 @@ def test_train_leaves_every_module_in_the_mode_a_full_walk_would() -> None:
         lambda m: m.policy.model.train(),  # a user puts one submodule back
         lambda m: m.policy.model.model.model[0].eval(),  # one deep Linear
         lambda m: setattr(m.policy, "extra_head", torch.nn.Linear(2, 2).eval()),  # a module appears
+        lambda m: m.policy.model.model.model.__setitem__(0, torch.nn.Linear(4, 128).eval()),  # one is replaced
+        lambda m: hasattr(m.policy, "extra_head") and delattr(m.policy, "extra_head"),  # and one removed
     ]
     for step in steps:
         for mode in (True, False, True, True):
