@@ -61,8 +61,8 @@ raised by the learner's next call, once.
   (see :class:`_NativePipeline`).
 * ``"thread"``: a Python worker thread; ``"inline"``: the learner's thread.
 * ``"auto"`` (default): native where it applies. Where a core is idle for it,
-  its jobs run on its thread, which, having run one in the last 10 ms, looks
-  for the next twice per interval between samples (25-500 µs): a steady
+  its jobs run on its thread, which, having run one in the last three intervals
+  between samples (10-200 ms), looks for the next twice per interval: a steady
   learner loop wakes nobody, and finds its batch drawn. With every
   core busy the thread sleeps between jobs, and only jobs of
   ``NATIVE_HANDOVER_US`` of CPU time or more (median over ``AUTO_WINDOW`` jobs;
@@ -113,7 +113,7 @@ AUTO_WORKER_SHARE = 0.25
 AUTO_WINDOW = 32
 #: ``worker="auto"`` with the native executor: jobs that take at least this much CPU time (µs, median) are worth
 #: waking its thread for; shorter ones go to it only while a core is idle for it (it then polls) and the learner
-#: samples within 10 ms of its last sample, else the learner runs them (a futex wake-up of another core costs the
+#: samples within the thread's polling span of its last sample, else the learner runs them (a futex wake-up of another core costs the
 #: learner ~15 µs on a 2-vCPU VM).
 NATIVE_HANDOVER_US = 25.0
 #: The native executor copies the generator's state once per this many uniforms drawn (``_GeneratorMark``):

@@ -207,42 +207,68 @@ inline void run_job(const JobContext& c, Job& job) {
   if (job.draw.n > 0) detail::draw_batch(c, job.draw);
 }
 
-// How often a recently busy executor thread looks at its queue: kPollsPerSubmit times per interval
-// between submits (smoothed), within [kMin, kMax]; kMax until an interval was seen. A job is needed one
-// submit after its own, so the thread finds it in time, and pays the same few wake-ups per job (each
-// ~15-20 us of CPU on a 2-vCPU VM) whatever the learner's rhythm. With a fixed 100 us period, which
-// the default timer slack stretched to ~150-200 us, 45-70% of the jobs were not done when a learner
-// with 150 us steps came for them (now <1%), and one with 1 ms steps cost the idle core 160-175 us
-// of CPU per step (now 71-74): benchmarks/bench_executor_rhythm.py.
+// How often a recently busy executor thread looks at its queue, and for how long after its last job it
+// keeps looking before it sleeps until a submit wakes it: both follow the interval between submits
+// (smoothed). It looks kPollsPerSubmit times per interval, within [kMin, kMax], every kUnseen until an
+// interval was seen; a job is needed one submit after its own, so the thread finds it in time, and pays the
+// same few wake-ups per job (each ~15-20 us of CPU on a 2-vCPU VM) whatever the learner's rhythm. With
+// a fixed 100 us period, which the default timer slack stretched to ~150-200 us, 45-70% of the jobs
+// were not done when a learner with 150 us steps came for them (now <1%), and one with 1 ms steps cost
+// the idle core 160-175 us of CPU per step (now 71-74): benchmarks/bench_executor_rhythm.py. It keeps
+// looking for kSpanIntervals intervals, within [kMinSpan, kMaxSpan]: a learner whose steps take longer
+// than kMinSpan (SAC's ~13 ms) then finds the thread awake, where a fixed 10 ms span had the thread
+// look ~20 times and sleep before each submit, whose wake-up cost that learner ~40-60 us with cold
+// caches. A gap over kOutlier intervals (a rollout between training phases) or under 1/kOutlier of one
+// is left out, unless kOutliersToFollow come in a row: then the rhythm has changed, and the interval
+// starts afresh.
 class PollRhythm {
  public:
   static constexpr int kPollsPerSubmit = 2;
   static constexpr std::chrono::microseconds kMin{25};
-  static constexpr std::chrono::microseconds kMax{500};
+  static constexpr std::chrono::milliseconds kMax{10};
+  static constexpr std::chrono::microseconds kUnseen{500};  // the period until an interval was seen
+  static constexpr int kSpanIntervals = 3;
+  static constexpr std::chrono::milliseconds kMinSpan{10};
+  static constexpr std::chrono::milliseconds kMaxSpan{200};
+  static constexpr int kOutlier = 8;
+  static constexpr int kOutliersToFollow = 3;
 
-  // A submit at `now`. Gaps of `ignore_from` or more (a rollout between training phases, after
-  // which the thread sleeps anyway) are left out.
-  void submitted(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds ignore_from) {
-    if (last_ && now - *last_ < ignore_from) {
+  // A submit at `now`.
+  void submitted(std::chrono::steady_clock::time_point now) {
+    if (last_) {
       const auto gap = std::chrono::duration_cast<std::chrono::nanoseconds>(now - *last_);
-      interval_ = interval_.count() ? (3 * interval_ + gap) / 4 : gap;
+      if (!interval_.count()) {
+        interval_ = gap;
+      } else if (gap <= kOutlier * interval_ && kOutlier * gap >= interval_) {
+        interval_ = (3 * interval_ + gap) / 4;
+        outliers_ = 0;
+      } else if (++outliers_ >= kOutliersToFollow) {
+        interval_ = gap;
+        outliers_ = 0;
+      }
     }
     last_ = now;
   }
 
-  // Whether a submit at `now` follows the last one within `span`.
-  bool follows_within(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds span) const {
-    return last_ && now - *last_ < span;
+  // Whether a submit at `now` comes within the span() of the last one (a thread woken now keeps looking).
+  bool follows_within_span(std::chrono::steady_clock::time_point now) const {
+    return last_ && now - *last_ < span();
   }
 
   std::chrono::nanoseconds period() const {
-    if (!interval_.count()) return kMax;
+    if (!interval_.count()) return kUnseen;
     return std::clamp<std::chrono::nanoseconds>(interval_ / kPollsPerSubmit, kMin, kMax);
+  }
+
+  // For how long after its last job the thread looks at its queue rather than sleeps.
+  std::chrono::nanoseconds span() const {
+    return std::clamp<std::chrono::nanoseconds>(interval_ * kSpanIntervals, kMinSpan, kMaxSpan);
   }
 
  private:
   std::optional<std::chrono::steady_clock::time_point> last_;
   std::chrono::nanoseconds interval_{0};  // between submits, smoothed (0: none seen yet)
+  int outliers_ = 0;  // gaps left out in a row
 };
 
 class Executor {
@@ -256,20 +282,20 @@ class Executor {
   }
 
   // Queues `job` (kept alive by the caller until wait(job) returns) for the thread. A thread that
-  // ran a job less than kPollFor ago looks at the queue every poll_period() by itself where a core is
+  // ran a job within the rhythm's span() looks at the queue every poll period by itself where a core is
   // idle for it (cores_free()), so in a steady learner loop the caller wakes nobody: a futex wake-up of
   // another core costs the caller ~15 us warm on a 2-vCPU VM, ~45 us with cold caches, more than a
   // small job. A sleeping thread is started or woken (counted in wakeups()) with `wake`, and
   // without it only where a core is idle for it (then it polls for the jobs that follow); else the
   // job runs in wait() on the caller's thread, unless the thread, busy, reaches it first. Nor does a
-  // job without `wake` wake a sleeping thread where it came kPollFor or more after the last submit: the
-  // thread would sleep again before the next one, so a caller that slow (SAC's ~13 ms gradient steps)
-  // would pay a wake-up per job, and the idle core ~20 polls per job, for work it does in less time.
+  // job without `wake` wake a sleeping thread where it came a span or more after the last submit: the
+  // thread would sleep again before the next one, so such a caller would pay a wake-up per job for
+  // work it does in less time.
   void submit(Job* job, bool wake = true) {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
-    const bool steady = rhythm_.follows_within(now, kPollFor);  // a thread woken now polls for the next
-    rhythm_.submitted(now, kPollFor);
+    const bool steady = rhythm_.follows_within_span(now);  // a thread woken now polls for the next
+    rhythm_.submitted(now);
     queue_.push_back(job);
     if (stopped_ || (thread_alive_ && !sleeping_)) return;  // running or polling: it takes the job
     if (!wake && !cores_free(now)) return;
@@ -322,7 +348,7 @@ class Executor {
     return job->done;
   }
 
-  // Submits that had to wake the thread from its sleep (after kPollFor without a job).
+  // Submits that had to wake the thread from its sleep (after a span without a job).
   int64_t wakeups() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return wakeups_;
@@ -334,13 +360,14 @@ class Executor {
     return sleeping_;
   }
 
-  // For how long after its last job the thread polls (PollRhythm) rather than sleeps.
-  static constexpr std::chrono::milliseconds kPollFor{10};
-
-  // The period the thread polls at now.
+  // The period the thread polls at now, and for how long after its last job it polls.
   std::chrono::nanoseconds poll_period() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return rhythm_.period();
+  }
+  std::chrono::nanoseconds poll_span() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return rhythm_.span();
   }
 
   bool thread_alive() const {
@@ -373,10 +400,10 @@ class Executor {
   }
 
   // Whether to look at the queue again in a poll period rather than sleep until a submit wakes this thread:
-  // within kPollFor of its last job, and only while a core is idle for it.
+  // within the rhythm's span of its last job, and only while a core is idle for it. Hold mutex_.
   bool polling(std::chrono::steady_clock::time_point last_job) {
     const auto now = std::chrono::steady_clock::now();
-    return now - last_job < kPollFor && cores_free(now);
+    return now - last_job < rhythm_.span() && cores_free(now);
   }
 
   // Whether other processes leave this one two cores (its caller's and this thread's), as the thread

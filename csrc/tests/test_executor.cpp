@@ -194,7 +194,7 @@ TEST_CASE(executor, a_recently_busy_thread_takes_jobs_unwoken_and_sleeps_when_id
   const JobContext sc = serial.context();
   for (int j = 0; j < kJobs; ++j) hetero_replay::run_job(sc, *serial.make_job(j, batch(j)));
   Executor ex(polled.context());
-  // The first submit starts the thread; after each job it polls the queue for kPollFor.
+  // The first submit starts the thread; after each job it polls the queue for the rhythm's span.
   auto run_on_thread = [&](Job* job) {
     ex.submit(job);
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -207,39 +207,53 @@ TEST_CASE(executor, a_recently_busy_thread_takes_jobs_unwoken_and_sleeps_when_id
   for (int j = 0; j < kJobs - 1; ++j) run_on_thread(polled.make_job(j, batch(j)));
   std::this_thread::sleep_for(std::chrono::milliseconds(120));  // a whole window of IdleCores
   if (idle.available(std::chrono::steady_clock::now()) >= 1.95) {
-    // Each job came within kPollFor of the one before (unless this thread was kept off the CPU that
+    // Each job came within the span of the one before (unless this thread was kept off the CPU that
     // long, which a loaded machine may do now and then): the polling thread took it with no wake-up.
     CHECK(ex.wakeups() <= 3);
   }
   const int64_t before = ex.wakeups();
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!ex.sleeping() && std::chrono::steady_clock::now() < give_up)
-    std::this_thread::sleep_for(Executor::kPollFor);
-  CHECK(ex.sleeping());  // idle past kPollFor: it stopped polling
+    std::this_thread::sleep_for(ex.poll_span());
+  CHECK(ex.sleeping());  // idle past its span: it stopped polling
   run_on_thread(polled.make_job(kJobs - 1, batch(kJobs - 1)));
   CHECK_EQ(ex.wakeups(), before + 1);  // and the next submit woke it
   check_same(serial, polled);
 }
 
-TEST_CASE(executor, the_thread_polls_twice_per_interval_between_submits_within_bounds) {
+TEST_CASE(executor, the_thread_polls_twice_per_interval_between_submits_for_three_intervals_within_bounds) {
   using std::chrono::microseconds;
   using std::chrono::milliseconds;
   using Rhythm = hetero_replay::PollRhythm;
   Rhythm rhythm;
-  CHECK(rhythm.period() == Rhythm::kMax);  // nothing seen yet
+  CHECK(rhythm.period() == Rhythm::kUnseen);  // nothing seen yet
+  CHECK(rhythm.span() == Rhythm::kMinSpan);
   auto t = std::chrono::steady_clock::time_point{} + std::chrono::seconds(1);
-  rhythm.submitted(t, milliseconds(10));
-  CHECK(rhythm.period() == Rhythm::kMax);  // one submit is no interval
-  for (int i = 0; i < 40; ++i) rhythm.submitted(t += microseconds(200), milliseconds(10));
+  rhythm.submitted(t);
+  CHECK(rhythm.period() == Rhythm::kUnseen);  // one submit is no interval
+  for (int i = 0; i < 40; ++i) rhythm.submitted(t += microseconds(200));
   CHECK(rhythm.period() == microseconds(100));
-  rhythm.submitted(t += milliseconds(50), milliseconds(10));  // a rollout: left out
+  CHECK(rhythm.span() == Rhythm::kMinSpan);  // three intervals are less
+  rhythm.submitted(t += milliseconds(50));  // a rollout: left out
   CHECK(rhythm.period() == microseconds(100));
-  rhythm.submitted(t += microseconds(600), milliseconds(10));  // smoothed: one gap moves it a quarter
+  rhythm.submitted(t += microseconds(10));  // and a burst (two draws released at once)
+  CHECK(rhythm.period() == microseconds(100));
+  rhythm.submitted(t += microseconds(600));  // smoothed: one gap moves it a quarter
   CHECK(rhythm.period() == microseconds(150));
-  for (int i = 0; i < 40; ++i) rhythm.submitted(t += microseconds(10), milliseconds(10));
+  for (int i = 0; i < 40; ++i) rhythm.submitted(t += microseconds(10));  // bursts in a row: a new rhythm
   CHECK(rhythm.period() == Rhythm::kMin);
-  for (int i = 0; i < 40; ++i) rhythm.submitted(t += milliseconds(5), milliseconds(10));
+  for (int i = 0; i < 40; ++i) rhythm.submitted(t += milliseconds(5));  // a slower learner
+  CHECK(rhythm.period() == microseconds(2500));
+  CHECK(rhythm.span() == milliseconds(15));
+  for (int i = 0; i < 40; ++i) rhythm.submitted(t += milliseconds(13));  // SAC's gradient steps
+  const auto near = [](auto a, auto b) { return a > b * 0.99 && a < b * 1.01; };
+  CHECK(near(rhythm.period(), std::chrono::nanoseconds(microseconds(6500))));
+  CHECK(near(rhythm.span(), std::chrono::nanoseconds(milliseconds(39))));
+  CHECK(rhythm.follows_within_span(t + milliseconds(30)));  // the thread is still polling then
+  CHECK(!rhythm.follows_within_span(t + milliseconds(40)));
+  for (int i = 0; i < 40; ++i) rhythm.submitted(t += milliseconds(150));
   CHECK(rhythm.period() == Rhythm::kMax);
+  CHECK(rhythm.span() == Rhythm::kMaxSpan);
 }
 
 TEST_CASE(executor, where_a_core_is_idle_an_unwoken_job_goes_to_the_thread) {
@@ -259,6 +273,7 @@ TEST_CASE(executor, where_a_core_is_idle_an_unwoken_job_goes_to_the_thread) {
 }
 
 TEST_CASE(executor, an_unwoken_job_wakes_a_sleeping_thread_only_within_the_poll_span_of_the_last) {
+  using Rhythm = hetero_replay::PollRhythm;
   hetero_replay::IdleCores idle;
   idle.available(std::chrono::steady_clock::now());
   std::this_thread::sleep_for(std::chrono::milliseconds(120));
@@ -272,7 +287,7 @@ TEST_CASE(executor, an_unwoken_job_wakes_a_sleeping_thread_only_within_the_poll_
   ex.wait(first);
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!ex.sleeping() && std::chrono::steady_clock::now() < give_up)
-    std::this_thread::sleep_for(Executor::kPollFor);
+    std::this_thread::sleep_for(ex.poll_span());
   CHECK(ex.sleeping());
   // Long after the last submit (a slow learner): the job waits for the caller.
   const int64_t before = ex.wakeups();
@@ -283,7 +298,7 @@ TEST_CASE(executor, an_unwoken_job_wakes_a_sleeping_thread_only_within_the_poll_
   const auto after_slow = std::chrono::steady_clock::now();
   Job* steady = run.make_job(2, batch(2));
   ex.submit(steady, /*wake=*/false);
-  const bool soon = std::chrono::steady_clock::now() - after_slow < Executor::kPollFor / 2;
+  const bool soon = std::chrono::steady_clock::now() - after_slow < Rhythm::kMinSpan / 2;
   CHECK(ex.wakeups() <= before + 1);
   // (Unless this thread was kept off the CPU that long, or the machine got busy meanwhile.)
   if (soon && idle.available(std::chrono::steady_clock::now()) >= 1.95) CHECK_EQ(ex.wakeups(), before + 1);
