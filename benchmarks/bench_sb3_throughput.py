@@ -2,10 +2,12 @@
 
 What a Stable-Baselines3 user pays for prioritized replay, end to end: the same
 ``learn`` loop with SB3's own buffer and with ours (strict, and with
-``staleness``), one torch thread, runs interleaved so that drifts of a shared
-machine fall on every variant alike (each variant leads one repeat in turn, so none always runs
-last). Prints each variant's median env-steps/s
-and its median ratio (of paired runs) to the stock algorithm. Cases:
+``staleness``), one torch thread. All variants of a repeat live in one process and take
+turns every ``--chunk`` env steps (``learn`` resumed where it stopped, the order of the
+variants random in each round), so that the drifts of a shared machine (its speed moves by
+10-20% within minutes) fall on every variant alike. Prints each variant's median
+env-steps/s over the repeats (fresh models each) and its median ratio to the stock
+algorithm, with each repeat's ratio. Cases:
 
 * ``cartpole``: DQN vs ``PERDQN`` on CartPole-v1, rl-zoo's DQN hyperparameters except a 50k buffer and
   SB3's default training rhythm (``train_freq=4``, ``gradient_steps=1``), as the pipeline issue measured:
@@ -23,6 +25,10 @@ and its median ratio (of paired runs) to the stock algorithm. Cases:
     python benchmarks/bench_sb3_throughput.py --case pendulum --steps 3000 --repeats 5 --staleness 1
     python benchmarks/bench_sb3_throughput.py --case atari --steps 4000 --repeats 5 --staleness 1
     python benchmarks/bench_sb3_throughput.py --case cartpole --steps 10000 --repeats 6 --phases
+
+A turn ends at the first env step past ``--chunk`` (a callback stops ``learn``), so each
+turn skips the training of one partial rollout, in every variant alike: with the
+default chunks that is one gradient step in 500 (CartPole), one in 50 (Pendulum).
 
 ``--phases`` also splits each run's CPU time (of the learning thread) by phase: ``train()`` and
 ``collect_rollouts()``, and inside them the buffer's ``add``, ``sample`` and ``update_priorities`` and the
@@ -42,7 +48,10 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+import numpy as np
 from stable_baselines3 import DQN, SAC
+from stable_baselines3.common.callbacks import BaseCallback
+from tqdm import tqdm
 
 from hetero_replay.adapters.sb3 import PERDQN, PERSAC
 
@@ -94,31 +103,75 @@ CASES: dict[str, tuple[Callable[[], Any], type, type, str, dict[str, Any]]] = {
 }
 
 
-def run(case: str, variant: str, steps: int, seed: int, phases: Counter[str] | None = None) -> float:
-    """One ``learn`` of ``steps`` env steps of ``variant`` ("stock" or "per-k<staleness>"); its env-steps/s.
+#: case -> env steps per turn (about half a second of learning each)
+CHUNKS = {"cartpole": 500, "cartpole-zoo": 1024, "pendulum": 50, "atari": 200}
+
+
+class Learner:
+    """One variant ("stock" or "per-k<staleness>") of ``case``, learning ``steps`` env steps in turns.
 
     With ``phases``, adds each phase's CPU seconds (of this thread) to it (see the module docstring).
     """
-    make_env, stock, per, policy, kwargs = CASES[case]
-    env = make_env()
-    if variant == "stock":
-        model = stock(policy, env, seed=seed, **kwargs)
-    else:
-        model = per(policy, env, seed=seed, staleness=int(variant.split("k")[1]), **kwargs)
-    if phases is not None:
-        for owner, name in ((model, "train"), (model, "collect_rollouts"), (model.replay_buffer, "add"),
-                            (model.replay_buffer, "sample"), (model.replay_buffer, "update_priorities"),
-                            (model.policy, "predict")):  # fmt: skip
-            if hasattr(owner, name):
-                setattr(owner, name, _timed(getattr(owner, name), name, phases))
-    start, cpu = time.perf_counter(), time.thread_time()
-    model.learn(total_timesteps=steps)
-    elapsed = time.perf_counter() - start
-    if phases is not None:
-        phases["total"] += time.thread_time() - cpu
-    getattr(model.replay_buffer, "close", lambda: None)()  # ours: its worker stops before the next run
-    env.close()
-    return steps / elapsed
+
+    def __init__(self, case: str, variant: str, steps: int, seed: int, phases: Counter[str] | None = None) -> None:
+        make_env, stock, per, policy, kwargs = CASES[case]
+        self.env, self.steps, self.phases = make_env(), steps, phases
+        if variant == "stock":
+            self.model = stock(policy, self.env, seed=seed, **kwargs)
+        else:
+            self.model = per(policy, self.env, seed=seed, staleness=int(variant.split("k")[1]), **kwargs)
+        if phases is not None:
+            for owner, name in ((self.model, "train"), (self.model, "collect_rollouts"),
+                                (self.model.replay_buffer, "add"), (self.model.replay_buffer, "sample"),
+                                (self.model.replay_buffer, "update_priorities"), (self.model.policy, "predict")):  # fmt: skip
+                if hasattr(owner, name):
+                    setattr(owner, name, _timed(getattr(owner, name), name, phases))
+
+    @property
+    def done(self) -> bool:
+        return self.model.num_timesteps >= self.steps
+
+    def turn(self, chunk: int) -> tuple[int, float]:
+        """Learn on for about ``chunk`` env steps: ``(env steps, seconds)``.
+
+        ``learn`` is told the steps left of the whole run, so its schedules
+        (exploration, learning rate, beta) run as in one ``learn(steps)``.
+        """
+        before = self.model.num_timesteps
+        start, cpu = time.perf_counter(), time.thread_time()
+        self.model.learn(
+            total_timesteps=self.steps - before, reset_num_timesteps=before == 0, callback=_StopAfter(chunk)
+        )
+        elapsed = time.perf_counter() - start
+        if self.phases is not None:
+            self.phases["total"] += time.thread_time() - cpu
+        return self.model.num_timesteps - before, elapsed
+
+    def close(self) -> None:
+        getattr(self.model.replay_buffer, "close", lambda: None)()  # ours: its worker stops before the next run
+        self.env.close()
+
+
+class _StopAfter(BaseCallback):
+    """Stops ``learn`` at the first env step past ``chunk`` steps of this call."""
+
+    def __init__(self, chunk: int) -> None:
+        super().__init__()
+        self.chunk, self.start = chunk, 0
+
+    def _on_training_start(self) -> None:
+        self.start = self.num_timesteps
+
+    def _on_step(self) -> bool:
+        return self.num_timesteps - self.start <= self.chunk
+
+
+def run(case: str, variant: str, steps: int, seed: int, phases: Counter[str] | None = None) -> float:
+    """One ``learn`` of ``steps`` env steps of ``variant`` in a single turn; its env-steps/s."""
+    learner = Learner(case, variant, steps, seed, phases)
+    done, elapsed = learner.turn(steps)
+    learner.close()
+    return done / elapsed
 
 
 def _timed(method: Callable[..., Any], name: str, phases: Counter[str]) -> Callable[..., Any]:
@@ -140,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=15_000, help="env steps per run (default 15000)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (default 3)")
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1], help="PER staleness values (default 0 1)")
+    p.add_argument("--chunk", type=int, default=None, help="env steps per turn (default: per case, ~0.5 s)")
     p.add_argument("--phases", action="store_true", help="also split each run's CPU time by phase")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -148,17 +202,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     names = {"stock": stock.__name__, **{f"per-k{k}": f"{per.__name__}(staleness={k})" for k in args.staleness}}
     rates: dict[str, list[float]] = {v: [] for v in variants}
     phases: dict[str, list[Counter[str]]] = {v: [] for v in variants}
+    chunk = args.chunk or CHUNKS[args.case]
     for r in range(args.repeats):
-        for v in variants[r % len(variants) :] + variants[: r % len(variants)]:  # each variant leads in turn
-            gc.collect()  # the last run's model goes now, not during this one
+        learners = {}
+        for v in variants:
             phases[v].append(Counter())
-            rates[v].append(run(args.case, v, args.steps, seed=r, phases=phases[v][-1] if args.phases else None))
+            learners[v] = Learner(args.case, v, args.steps, seed=r, phases=phases[v][-1] if args.phases else None)
+        totals = {v: [0, 0.0] for v in variants}
+        order = np.random.default_rng(r)
+        with tqdm(total=args.steps * len(variants), desc=f"repeat {r + 1}/{args.repeats}", leave=False) as bar:
+            while not all(learner.done for learner in learners.values()):
+                for v in order.permutation(variants):  # no variant always follows the same one
+                    if not learners[v].done:
+                        gc.collect()  # the last turn's garbage goes now, not during this one
+                        done, elapsed = learners[v].turn(chunk)
+                        totals[v] = [totals[v][0] + done, totals[v][1] + elapsed]
+                        bar.update(done)
+        for v in variants:
+            learners[v].close()
+            rates[v].append(totals[v][0] / totals[v][1])
             print(f"repeat {r + 1}/{args.repeats} {names[v]:22s} {rates[v][-1]:8.0f} env-steps/s", flush=True)
-    print(f"\n| {args.case} | env-steps/s (median of {args.repeats}) | ratio to {stock.__name__} (median of paired) |")
-    print("|---|---|---|")
+    print(
+        f"\n| {args.case} | env-steps/s (median of {args.repeats}) | ratio to {stock.__name__} (median) "
+        "| ratios (each repeat) |"
+    )
+    print("|---|---|---|---|")
     for v in variants:
-        ratio = statistics.median(a / b for a, b in zip(rates[v], rates["stock"]))
-        print(f"| {names[v]} | {statistics.median(rates[v]):.0f} | {ratio:.2f} |")
+        ratios = [a / b for a, b in zip(rates[v], rates["stock"])]
+        each = ", ".join(f"{x:.2f}" for x in ratios)
+        print(f"| {names[v]} | {statistics.median(rates[v]):.0f} | {statistics.median(ratios):.2f} | {each} |")
     if args.phases:
         _print_phases(variants, names, phases)
 

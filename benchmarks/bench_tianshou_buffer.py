@@ -22,8 +22,12 @@ it either way: Tianshou's stock DQN with its ``PrioritizedVectorReplayBuffer``,
 against our buffer with the DQN wrapped in
 :class:`~hetero_replay.adapters.tianshou.PEROffPolicyWrapper` at staleness 0 and 1, and
 Tianshou's stock DQN with its uniform ``VectorReplayBuffer`` (what PER costs over no PER);
-runs interleaved, medians of paired ratios of wall-clock rates and of CPU-time
-rates (the process's CPU seconds: less sensitive to other jobs on the machine):
+all of them in one process, taking turns every ``--chunk`` env steps (a short epoch
+each, in a new random order every round), so that the machine's drifts (its speed moves by 10-20%
+within minutes on a shared VM) fall on every contender alike; each repeat builds
+fresh contenders and reports each one's rate over its ``--steps`` timed steps.
+Medians over repeats of those rates and of their ratios, for wall-clock time and
+for CPU time (the process's CPU seconds: less sensitive to other jobs on the machine):
 
     python benchmarks/bench_tianshou_buffer.py --e2e --steps 8000 --repeats 5
     python benchmarks/bench_tianshou_buffer.py --e2e --steps 8000 --repeats 5 --warmup 50000  # buffer full
@@ -83,9 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--e2e", action="store_true", help="env-steps/s of DQN CartPole training instead")
     parser.add_argument("--steps", type=int, default=8000, help="--e2e: env steps per timed run (default 8000)")
     parser.add_argument("--warmup", type=int, default=None, help="--e2e: random env steps before (default 1000)")
+    parser.add_argument("--chunk", type=int, default=400, help="--e2e: env steps of each turn (default 400)")
     args = parser.parse_args(argv)
     if args.e2e:
-        return end_to_end(args.steps, 5 if args.repeats == 15 else args.repeats, args.warmup)
+        return end_to_end(args.steps, 5 if args.repeats == 15 else args.repeats, args.warmup, args.chunk)
     envs, repeats, min_time = ([1, 4], 3, 0.01) if args.quick else (args.envs, args.repeats, args.min_time)
     torch.set_num_threads(1)
     hetero_replay.set_num_threads(1)
@@ -105,88 +110,102 @@ E2E = {"tianshou-per": ("tianshou-per", 0), "ours-k0": ("ours", 0), "ours-k1": (
        "tianshou-uniform": ("tianshou-uniform", 0)}  # fmt: skip
 
 
-def end_to_end(steps: int, repeats: int, warmup: int | None = None) -> int:
-    """Env-steps/s of DQN CartPole (4 envs) training with each buffer of :data:`E2E`, interleaved; a table."""
+def end_to_end(steps: int, repeats: int, warmup: int | None = None, chunk: int = 400) -> int:
+    """Env-steps/s of DQN CartPole (4 envs) training with each buffer of :data:`E2E`, taking turns; a table."""
     import statistics
 
     torch.set_num_threads(1)
     hetero_replay.set_num_threads(1)
-    rates: dict[str, list[tuple[float, float]]] = {label: [] for label in E2E}
+    labels = list(E2E)
+    rates: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
     for r in range(repeats):
-        order = list(E2E) if r % 2 == 0 else list(reversed(E2E))  # alternate who runs first
-        for label in order:
-            gc.collect()  # the last run's objects go now, not during this one
-            kind, staleness = E2E[label]
-            rates[label].append(train_rate(kind, staleness, steps, seed=r, warmup=warmup))
-            wall, cpu = rates[label][-1]
-            print(f"repeat {r + 1}/{repeats} {label:14s} {wall:8.0f} env-steps/s, {cpu:8.0f} per CPU-s", flush=True)
+        runs = {label: TrainingRun(*E2E[label], seed=r, warmup=warmup, chunk=chunk) for label in labels}
+        for run in runs.values():
+            run.epoch()  # untimed: the first updates build the optimizer's state
+        totals: dict[str, list[float]] = {label: [0, 0.0, 0.0] for label in labels}
+        order = np.random.default_rng(r)
+        for _ in tqdm(range(-(-steps // chunk)), desc=f"repeat {r + 1}/{repeats}", leave=False):
+            for label in order.permutation(labels):  # no contender always follows the same one
+                gc.collect()  # the last turn's garbage goes now, not during this one
+                totals[label] = [t + p for t, p in zip(totals[label], runs[label].epoch())]
+        for label, (done, wall, cpu) in totals.items():
+            runs[label].close()
+            rates[label].append((done / wall, done / cpu))
+            print(f"repeat {r + 1}/{repeats} {label:16s} {done / wall:8.0f} env-steps/s, {done / cpu:8.0f} per CPU-s")
     print(
-        f"\n| DQN CartPole, 4 envs, {warmup or 1000} random steps first | env-steps/s (median of {repeats}) | ratio to tianshou-per (median of paired) "
-        "| env-steps per CPU-s | ratio (CPU) |"
+        f"\n| DQN CartPole, 4 envs, {warmup or 1000} random steps first | env-steps/s (median of {repeats}) "
+        "| ratio to tianshou-per (median) | ratios (each repeat) | env-steps per CPU-s | ratio (CPU) |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     base = rates["tianshou-per"]
     for label, values in rates.items():
-        ratio = statistics.median(a[0] / b[0] for a, b in zip(values, base))
+        ratios = [a[0] / b[0] for a, b in zip(values, base)]
         cpu_ratio = statistics.median(a[1] / b[1] for a, b in zip(values, base))
         wall, cpu = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
-        print(f"| {label} | {wall:.0f} | {ratio:.2f} | {cpu:.0f} | {cpu_ratio:.2f} |")
+        each = ", ".join(f"{x:.2f}" for x in ratios)
+        print(f"| {label} | {wall:.0f} | {statistics.median(ratios):.2f} | {each} | {cpu:.0f} | {cpu_ratio:.2f} |")
     return 0
 
 
-def train_rate(kind: str, staleness: int, steps: int, seed: int, warmup: int | None = None) -> tuple[float, float]:
-    """One timed ``OffPolicyTrainer`` epoch of ``steps`` env steps (after ``warmup`` random ones, default 1000).
+class TrainingRun:
+    """One contender of :func:`end_to_end`: an ``OffPolicyTrainer`` whose epochs are ``chunk`` env steps.
 
     ``kind``: ``"ours"`` (our buffer, the DQN wrapped in ``PEROffPolicyWrapper`` at ``staleness``),
-    ``"tianshou-per"`` or ``"tianshou-uniform"`` (Tianshou's buffer, its stock DQN).
-
-    Returns env steps per second of wall-clock time and per second of the process's CPU time.
+    ``"tianshou-per"`` or ``"tianshou-uniform"`` (Tianshou's buffer, its stock DQN). The buffer
+    first gets ``warmup`` random env steps (default: the standard setup's 1000).
     """
-    import gymnasium as gym
-    from tianshou.data import Collector, CollectStats
-    from tianshou.env import DummyVectorEnv
-    from tianshou.trainer import OffPolicyTrainerParams
 
-    from hetero_replay.adapters.tianshou import LinearBetaSchedule, PEROffPolicyWrapper
-    from hetero_replay.adapters.tianshou.workload import STANDARD_HYPERPARAMS, standard_algorithm
+    def __init__(self, kind: str, staleness: int, seed: int, warmup: int | None, chunk: int) -> None:
+        import gymnasium as gym
+        from tianshou.data import Collector, CollectStats
+        from tianshou.env import DummyVectorEnv
+        from tianshou.trainer import OffPolicyTrainerParams
 
-    hp, n_envs = STANDARD_HYPERPARAMS["dqn"], 4
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    algorithm: Any = standard_algorithm("dqn", gym.make("CartPole-v1"), hp)
-    ours = kind == "ours"
-    if ours:  # Tianshou's own buffers go with its stock algorithm, which weights and updates by itself
-        algorithm = PEROffPolicyWrapper(
-            wrapped_algorithm=algorithm, beta=LinearBetaSchedule(0.4, 1.0, 100_000), staleness=staleness
-        )
-    algorithm.policy.set_eps_training(hp.extra["eps_final"])
-    if ours:
-        buffer: Any = HeteroPrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=0.6, beta=0.4, random_seed=seed)
-    elif kind == "tianshou-per":
-        buffer = PrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=0.6, beta=0.4)
-    else:
-        buffer = VectorReplayBuffer(hp.buffer_size, n_envs)
-    envs = DummyVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n_envs)])
-    envs.seed(seed)
-    collector = Collector[CollectStats](algorithm, envs, buffer, exploration_noise=True)
-    collector.reset()
-    collector.collect(n_step=hp.warmup_steps if warmup is None else warmup, random=True)
-    per_step = hp.collect_per_env * n_envs
-    trainer = algorithm.create_trainer(
-        OffPolicyTrainerParams(
-            training_collector=collector, test_collector=None, max_epochs=1, epoch_num_steps=steps,
-            collection_step_num_env_steps=per_step, update_step_num_gradient_steps_per_sample=hp.updates_per_step,
-            batch_size=hp.batch_size, verbose=False, show_progress=False,
-        )
-    )  # fmt: skip
-    trainer.reset()  # the envs and the collector's counts, not the buffer
-    before = collector.collect_step
-    start, cpu = time.perf_counter(), time.process_time()
-    trainer.execute_epoch()
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    steps_done = collector.collect_step - before
-    collector.close()
-    return steps_done / wall, steps_done / cpu
+        from hetero_replay.adapters.tianshou import LinearBetaSchedule, PEROffPolicyWrapper
+        from hetero_replay.adapters.tianshou.workload import STANDARD_HYPERPARAMS, standard_algorithm
+
+        hp, n_envs = STANDARD_HYPERPARAMS["dqn"], 4
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        algorithm: Any = standard_algorithm("dqn", gym.make("CartPole-v1"), hp)
+        ours = kind == "ours"
+        if ours:  # Tianshou's own buffers go with its stock algorithm, which weights and updates by itself
+            algorithm = PEROffPolicyWrapper(
+                wrapped_algorithm=algorithm, beta=LinearBetaSchedule(0.4, 1.0, 100_000), staleness=staleness
+            )
+        algorithm.policy.set_eps_training(hp.extra["eps_final"])
+        buffer: Any
+        if ours:
+            buffer = HeteroPrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=0.6, beta=0.4, random_seed=seed)
+        elif kind == "tianshou-per":
+            buffer = PrioritizedVectorReplayBuffer(hp.buffer_size, n_envs, alpha=0.6, beta=0.4)
+        else:
+            buffer = VectorReplayBuffer(hp.buffer_size, n_envs)
+        envs = DummyVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n_envs)])
+        envs.seed(seed)
+        self.collector = Collector[CollectStats](algorithm, envs, buffer, exploration_noise=True)
+        self.collector.reset()
+        self.collector.collect(n_step=hp.warmup_steps if warmup is None else warmup, random=True)
+        self.trainer = algorithm.create_trainer(
+            OffPolicyTrainerParams(
+                training_collector=self.collector, test_collector=None, max_epochs=10**9, epoch_num_steps=chunk,
+                collection_step_num_env_steps=hp.collect_per_env * n_envs,
+                update_step_num_gradient_steps_per_sample=hp.updates_per_step, batch_size=hp.batch_size,
+                verbose=False, show_progress=False,
+            )
+        )  # fmt: skip
+        self.trainer.reset()  # the envs and the collector's counts, not the buffer
+
+    def epoch(self) -> tuple[int, float, float]:
+        """One epoch: ``(env steps, wall-clock seconds, CPU seconds of the process)``."""
+        before = self.collector.collect_step
+        start, cpu = time.perf_counter(), time.process_time()
+        self.trainer.execute_epoch()
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        return self.collector.collect_step - before, wall, cpu
+
+    def close(self) -> None:
+        self.collector.close()
 
 
 def step_batches(envs: int, count: int, rng: np.random.Generator) -> list[Batch]:
