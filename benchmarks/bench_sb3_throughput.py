@@ -26,6 +26,9 @@ algorithm, with each repeat's ratio. Cases:
     python benchmarks/bench_sb3_throughput.py --case atari --steps 4000 --repeats 5 --staleness 1
     python benchmarks/bench_sb3_throughput.py --case cartpole --steps 10000 --repeats 6 --phases
 
+``--flush-denormal`` runs torch with subnormal floats flushed to zero: the variants learn different weights, and
+arithmetic on subnormal values in them (and in the optimizers' states) is several times slower on a CPU.
+
 A turn ends at the first env step past ``--chunk`` (a callback stops ``learn``), so each
 turn skips the training of one partial rollout, in every variant alike: with the
 default chunks that is one gradient step in 500 (CartPole), one in 50 (Pendulum).
@@ -195,8 +198,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1], help="PER staleness values (default 0 1)")
     p.add_argument("--chunk", type=int, default=None, help="env steps per turn (default: per case, ~0.5 s)")
     p.add_argument("--phases", action="store_true", help="also split each run's CPU time by phase")
+    p.add_argument("--flush-denormal", action="store_true", help="torch flushes subnormal floats to zero")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    if args.flush_denormal and not torch.set_flush_denormal(True):
+        p.error("--flush-denormal: this CPU cannot flush subnormal floats (no SSE3)")
     _, stock, per, _, _ = CASES[args.case]
     variants = ["stock", *(f"per-k{k}" for k in args.staleness)]
     names = {"stock": stock.__name__, **{f"per-k{k}": f"{per.__name__}(staleness={k})" for k in args.staleness}}
