@@ -50,8 +50,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
-import torch
 import numpy as np
+import torch
 from stable_baselines3 import DQN, SAC
 from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
