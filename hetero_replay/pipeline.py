@@ -113,8 +113,8 @@ AUTO_WORKER_SHARE = 0.25
 AUTO_WINDOW = 32
 #: ``worker="auto"`` with the native executor: jobs that take at least this much CPU time (µs, median) are worth
 #: waking its thread for; shorter ones go to it only while a core is idle for it (it then polls) and the learner
-#: samples within the thread's polling span of its last sample, else the learner runs them (a futex wake-up of another core costs the
-#: learner ~15 µs on a 2-vCPU VM).
+#: samples within the thread's polling span of its last sample, else the learner runs them (a futex wake-up of
+#: another core costs the learner ~15 µs on a 2-vCPU VM).
 NATIVE_HANDOVER_US = 25.0
 #: The native executor copies the generator's state once per this many uniforms drawn (``_GeneratorMark``):
 #: rewinding redraws at most about as many.

@@ -316,18 +316,20 @@ def test_a_refused_submit_leaves_the_generator_where_it_was(batch_size, slot_row
 
 
 @pytest.mark.parametrize(
-    "outputs, rows_, match",
+    "index, outputs, rows_, match",
     [
-        ([np.empty(8, np.int64)], 8, "outputs are indices, weights, raised weights and one array per field"),
-        (None, 16, "expected a C-contiguous int64 array of at least 16 entries"),
+        (0, [np.empty(8, np.int64)], 8, "outputs are indices, weights, raised weights and one array per field"),
+        (0, None, 16, "expected a C-contiguous int64 array of at least 16 entries"),
+        (0, None, -1, "index and rows must be >= 0"),
+        (-1, None, 8, "index and rows must be >= 0"),
     ],
 )
-def test_a_slot_is_checked_when_registered(outputs, rows_, match):
+def test_a_slot_is_checked_when_registered(index, outputs, rows_, match):
     engine = make(64, "native")
     tree, fields, written_at = engine.native_parts()
     executor = pipeline._native.Executor(tree, fields, written_at)
     with pytest.raises(ValueError, match=match):
-        executor.set_slot(0, slot_arrays(engine, 8) if outputs is None else outputs, rows_)
+        executor.set_slot(index, slot_arrays(engine, 8) if outputs is None else outputs, rows_)
     with pytest.raises(ValueError, match="slot 0 is not registered"):  # nothing registered
         executor.submit([], engine.rng, 8, 0, None, True, 0.6, 1e-6, 64)
     executor.stop()
