@@ -361,18 +361,90 @@ def test_same_seed_same_samples_different_seed_different() -> None:
     assert not np.array_equal(ia, ic)
 
 
-def test_hasnull_matches_tianshou() -> None:
+def add_step_with_nan(buf: ReplayBuffer, step: int, envs: int, nan_env: int) -> np.ndarray:
+    """:func:`add_step` with a NaN in env ``nan_env``'s observation."""
+    k = 1000 * np.arange(envs) + step
+    obs = obs_of(k)
+    obs[nan_env, 1] = np.nan
+    batch = Batch(obs=obs, act=k % 2, rew=k.astype(np.float64), terminated=np.zeros(envs, bool),
+                  truncated=np.zeros(envs, bool), obs_next=obs + 0.5, info=Batch(k=k))  # fmt: skip
+    ptr, *_ = buf.add(batch, buffer_ids=np.arange(envs))
+    return ptr
+
+
+def test_hasnull_matches_tianshou_as_transitions_come_and_go() -> None:
+    """A NaN stored by an add is reported until a later add overwrites its slot, as Tianshou reports it."""
+    ours = HeteroPrioritizedVectorReplayBuffer(40, 4, random_seed=0)  # 10 slots per env
+    stock = PrioritizedVectorReplayBuffer(40, 4, alpha=0.6, beta=0.4)
+    answers = []
+    for step in range(25):
+        for buf in (ours, stock):
+            if step == 3:
+                add_step_with_nan(buf, step, 4, nan_env=2)
+            else:
+                add_step(buf, step, 4)
+        answers.append((ours.hasnull(), bool(stock.hasnull())))
+    # stored at step 3, overwritten by step 13 (each env's ring holds 10 steps)
+    assert answers == [(3 <= step < 13,) * 2 for step in range(25)]
+
+
+def test_hasnull_between_sparse_checks() -> None:
+    """Asked rarely (more rows written than the buffer holds in between), the answer stays right."""
+    ours = HeteroPrioritizedVectorReplayBuffer(40, 4, random_seed=0)
+    for step in range(30):
+        add_step(ours, step, 4)
+    add_step_with_nan(ours, 30, 4, nan_env=0)
+    assert ours.hasnull() is True
+    for step in range(31, 45):  # 56 rows written, more than the 40 slots: the next check is a whole one
+        add_step(ours, step, 4)
+    assert ours.hasnull() is False
+
+
+def test_hasnull_single_buffer_add_and_update() -> None:
+    """The single buffer: rows stored by ``add`` and by ``update`` (another buffer copied in) are checked."""
+    ours, stock = HeteroPrioritizedReplayBuffer(8), PrioritizedReplayBuffer(8, alpha=0.6, beta=0.4)
+    source = ReplayBuffer(4)
+    for step in range(3):
+        add_step(source, step, 1)
+    add_step_with_nan(source, 3, 1, nan_env=0)
+    for buf in (ours, stock):
+        add_step(buf, 0, 1)
+    assert ours.hasnull() is False and not stock.hasnull()
+    for buf in (ours, stock):
+        buf.update(source)
+    assert ours.hasnull() is True and stock.hasnull()
+    for step in range(1, 9):  # the ring of 8 overwrites every row copied in
+        for buf in (ours, stock):
+            add_step(buf, step, 1)
+    assert ours.hasnull() is False and not stock.hasnull()
+
+
+def test_hasnull_checks_every_row_after_reset_set_batch_and_copies() -> None:
+    """Where the storage changes other than by adding, every stored row is checked (an empty slot never counts)."""
     ours, stock = make_vector(steps=10), PrioritizedVectorReplayBuffer(400, 4, alpha=0.6, beta=0.4)
     for step in range(10):
         add_step(stock, step, 4)
-    assert ours.hasnull() is False and stock.hasnull() is False
-    for buf in (ours, stock):
-        buf._meta.obs[buf._offset[2] + 3, 1] = np.nan
+    assert ours.hasnull() is False and not stock.hasnull()
+    for buf in (ours, stock):  # behind the buffers' backs: replaced through set_batch, then seen
+        meta = copy.deepcopy(buf._meta)
+        meta.obs[buf._offset[2] + 3, 1] = np.nan
+        buf.set_batch(meta)
     assert ours.hasnull() is True and stock.hasnull()
     for buf in (ours, stock):
-        buf._meta.obs[buf._offset[2] + 3, 1] = 0.0
-        buf._meta.obs[buf._offset[2] + 50, 1] = np.nan  # an empty slot does not count
+        meta = copy.deepcopy(buf._meta)
+        meta.obs[buf._offset[2] + 3, 1] = 0.0
+        meta.obs[buf._offset[2] + 50, 1] = np.nan  # an empty slot does not count
+        buf.set_batch(meta)
     assert ours.hasnull() is False and not stock.hasnull()
+    ours._meta.obs[ours._offset[1], 0] = np.nan  # written behind its back: a copy checks its rows afresh
+    assert pickle.loads(pickle.dumps(ours)).hasnull() is True
+    assert copy.deepcopy(ours).hasnull() is True
+    add_step_with_nan(ours, 10, 4, nan_env=1)
+    assert ours.hasnull() is True
+    ours.reset()
+    assert ours.hasnull() is False
+    add_step(ours, 0, 4)
+    assert ours.hasnull() is False
 
 
 # -- bad input ---------------------------------------------------------------------------------

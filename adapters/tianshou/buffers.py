@@ -34,7 +34,8 @@ re-implemented here. What changes compared with Tianshou's buffers:
   (:attr:`~_TreePriorities.lock`); see the class docstrings.
 * Tianshou calls some buffer methods on every step; here they give the same
   results without its Python loops: ``hasnull`` (after each collect) checks the
-  stored rows in place instead of copying the whole buffer with IS weights,
+  rows stored since the previous call instead of copying the whole buffer with IS
+  weights (:mod:`~hetero_replay.adapters.tianshou.null_rows`),
   ``unfinished_index`` (each n-step return) skips the loop over sub-buffers, and
   rows are gathered straight from storage, one array at a time, when no frame
   stacking is involved.
@@ -83,7 +84,6 @@ from typing import Any, Self, cast
 
 import h5py
 import numpy as np
-import pandas as pd
 import torch
 from tianshou.data import (
     Batch,
@@ -99,6 +99,7 @@ from tianshou.data.utils.converter import to_hdf5
 from hetero_replay import UNSET, PEROptions, Placement, Priorities, RateLimiter, ReplayFileError, SumTree
 from hetero_replay.adapters.tianshou import layout
 from hetero_replay.adapters.tianshou.episode_book import EpisodeBook, SubBuffer, add_rows, storable
+from hetero_replay.adapters.tianshou.null_rows import NullRows
 from hetero_replay.adapters.tianshou.staging import Staged, commit, stage
 from hetero_replay.extend import (
     HOST,
@@ -305,6 +306,7 @@ class _TreePriorities:
         self._weight_norm = bool(weight_norm)
         self._rng = np.random.default_rng(random_seed)
         self._lock = ForkSafeLock(OUTER)
+        self._nulls = NullRows(capacity)
         self.options.update(alpha=options.alpha, beta=options.beta)  # as Tianshou's buffers record them
 
     # -- hyper-parameters and views ---------------------------------------------------------
@@ -513,13 +515,14 @@ class _TreePriorities:
         if self._durable is not None and staged.grows:
             layout.check_storable(staged.rows)
 
-    def _added(self, n: int) -> None:
-        """Count ``n`` transitions just added; write a durable point if one is due. Hold the lock.
+    def _added(self, rows: np.ndarray) -> None:
+        """Note the transitions just stored at ``rows``; write a durable point if one is due. Hold the lock.
 
         A failing write raises from the ``add`` whose transitions are already
         stored; the count is kept, so the next ``add`` tries again.
         """
-        if self._durable is not None and self._durable.schedule.count(n):
+        self._nulls.wrote(rows)
+        if self._durable is not None and self._durable.schedule.count(len(rows)):
             self._write_durable_point()
 
     def _write_durable_point(self) -> None:
@@ -651,20 +654,24 @@ class _TreePriorities:
         """Clear all data, as Tianshou's ``reset``, and all priorities with it."""
         with self._lock:
             super().reset(keep_statistics=keep_statistics)  # type: ignore[misc]
+            self._nulls.forget()
             tree = self.priorities.tree
             self.priorities.load(np.zeros(tree.capacity, tree.dtype), max_priority=1.0)
 
     def hasnull(self) -> bool:
         """Whether a stored transition holds a NaN or None (Tianshou's check after each collect).
 
-        Same answer as Tianshou's ``self[:].hasnull()``, computed with NumPy on views
-        of the stored rows of each array, where Tianshou copies the whole buffer
-        into a new ``Batch`` (with IS weights) on every call.
+        Tianshou's ``self[:].hasnull()`` copies the whole buffer into a new
+        ``Batch`` on every call. This checks only the rows stored since the last
+        call (:class:`~hetero_replay.adapters.tianshou.null_rows.NullRows`), and
+        every stored row after ``reset``, ``set_batch`` or unpickling. Values
+        written into the storage other than through the buffer's methods (into
+        ``_meta``, or through one sub-buffer of a vector buffer) are not seen.
         """
         with self._lock:
             starts, stops = self._stored_bounds()
-            ranges = [(int(a), int(b)) for a, b in zip(starts, stops) if b > a]
-            return any(_has_null(arr, ranges) for arr in _leaf_arrays(self._meta))  # type: ignore[attr-defined]
+            stored = [(int(a), int(b)) for a, b in zip(starts, stops) if b > a]
+            return self._nulls.any(self._meta, stored)  # type: ignore[attr-defined]
 
     def prev(self, index: int | np.ndarray) -> np.ndarray:
         """Tianshou's ``prev`` (the previous transition of each index's episode), under the lock."""
@@ -692,6 +699,7 @@ class _TreePriorities:
         """Tianshou's ``set_batch`` (replace the storage), under the lock; priorities stay as they are."""
         with self._lock:
             super().set_batch(batch)  # type: ignore[misc]
+            self._nulls.forget()
 
     def save_hdf5(self, path: str, compression: str | None = None) -> None:
         """Tianshou's ``save_hdf5``: a consistent file (written under the lock), without the lock."""
@@ -718,14 +726,16 @@ class _TreePriorities:
             )
         super().__setstate__(state)  # type: ignore[misc]
         self._lock = ForkSafeLock(OUTER)
+        self._nulls = NullRows(self.maxsize)  # type: ignore[attr-defined]
         self._durable = None  # a copy writing to the original's durable file would overwrite its points
 
     # -- internals ---------------------------------------------------------------------------
 
     def _state(self) -> dict[str, Any]:
-        """The attributes that make up the buffer: all but the lock (neither picklable nor shareable)
-        and the durable schedule (a copy must not write to the original's file)."""
-        return {key: value for key, value in self.__dict__.items() if key not in ("_lock", "_durable")}
+        """The attributes that make up the buffer: all but the lock (neither picklable nor shareable),
+        the durable schedule (a copy must not write to the original's file) and what ``hasnull`` has seen
+        (a copy checks its rows afresh)."""
+        return {key: value for key, value in self.__dict__.items() if key not in ("_lock", "_durable", "_nulls")}
 
     @property
     def _normalise(self) -> Normalise:
@@ -792,15 +802,6 @@ class _TreePriorities:
         return idx, td
 
 
-def _leaf_arrays(batch: Batch) -> Iterator[Any]:
-    """Every array in a (nested) ``Batch``."""
-    for value in batch.values():
-        if isinstance(value, Batch):
-            yield from _leaf_arrays(value)
-        else:
-            yield value
-
-
 def _take_rows(batch: Batch, index: Any) -> Batch:
     """``batch[index]`` for a ``Batch`` of arrays (and nested such ``Batch``es), without its overhead.
 
@@ -823,18 +824,6 @@ def _take_rows(batch: Batch, index: Any) -> Batch:
         else:
             return batch[index]
     return out
-
-
-def _has_null(arr: Any, ranges: list[tuple[int, int]]) -> bool:
-    """Whether ``arr[start:stop]`` holds a NaN/None for some range (``pandas.isnull`` semantics)."""
-    if isinstance(arr, torch.Tensor):
-        return arr.is_floating_point() and any(bool(torch.isnan(arr[a:b]).any()) for a, b in ranges)
-    arr = np.asarray(arr)
-    if arr.dtype.kind in "biu":  # integers and booleans cannot hold NaN
-        return False
-    if arr.dtype.kind in "fc":
-        return any(bool(np.isnan(arr[a:b]).any()) for a, b in ranges)
-    return any(bool(pd.isnull(arr[a:b]).any()) for a, b in ranges)  # objects: None, NaN, NaT
 
 
 # The ignore: _TreePriorities.weight deliberately replaces Tianshou's SegmentTree with a PriorityWeights view,
@@ -1035,7 +1024,7 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
             ptr, ep_return, ep_len, ep_start = (np.array([x]) for x in self._update_state_pre_add(rew, done))
             commit(self, ptr, staged)
             self.priorities.assign_new(ptr, priority)
-            self._added(1)
+            self._added(ptr)
         return ptr, ep_return, ep_len, ep_start
 
     def update(self, buffer: ReplayBuffer) -> np.ndarray:
@@ -1070,7 +1059,7 @@ class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  
             self._insertion_idx = int(ptr[-1] + 1) % self.maxsize
             self._size = min(self._size + len(source), self.maxsize)
             self.priorities.assign_new(ptr, priority)
-            self._added(len(source))
+            self._added(ptr)
         return ptr
 
 
@@ -1216,7 +1205,7 @@ class HeteroPrioritizedVectorReplayBuffer(_TreePriorities, PrioritizedVectorRepl
                 ptr, ep_return, ep_len, ep_start = add_rows(self, staged, ids)
                 self.priorities.assign_new(ptr, priority)
                 result = ptr, ep_return, ep_len, ep_start
-            self._added(len(ids))
+            self._added(result[0])
         return result
 
     def unfinished_index(self) -> np.ndarray:
