@@ -400,6 +400,24 @@ def test_hasnull_between_sparse_checks() -> None:
     assert ours.hasnull() is False
 
 
+def test_hasnull_when_one_env_laps_its_ring_between_checks() -> None:
+    """Rows written twice between checks (one env's ring wraps) are counted once: an overwritten NaN goes away."""
+    ours = make_vector(size=400, envs=4, steps=100)  # every env's 100 slots stored
+    assert ours.hasnull() is False
+    add_step_with_nan(ours, 100, 1, nan_env=0)  # env 0 only (buffer_ids [0]), 150 rows < 400 stored
+    for step in range(101, 250):
+        add_step(ours, step, 1)
+    assert ours.hasnull() is False
+    add_step_with_nan(ours, 250, 1, nan_env=0)
+    add_step_with_nan(ours, 251, 1, nan_env=0)
+    assert ours.hasnull() is True
+    for step in range(252, 452):  # the two NaN slots are written twice before the next check
+        add_step(ours, step, 1)
+    assert ours.hasnull() is False
+    add_step_with_nan(ours, 452, 1, nan_env=0)
+    assert ours.hasnull() is True
+
+
 def test_hasnull_single_buffer_add_and_update() -> None:
     """The single buffer: rows stored by ``add`` and by ``update`` (another buffer copied in) are checked."""
     ours, stock = HeteroPrioritizedReplayBuffer(8), PrioritizedReplayBuffer(8, alpha=0.6, beta=0.4)
