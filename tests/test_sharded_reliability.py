@@ -163,6 +163,20 @@ def test_an_old_durable_dir_is_refused_unless_reopen_and_reopen_continues_its_ro
         ShardedReplay(2, 64, SCHEMA, durable_dir=str(tmp_path / "empty"), reopen=True)
 
 
+@pytest.mark.parametrize("storage", ["host", "disk"])
+def test_close_makes_a_last_durable_point_and_releases_the_files_for_an_immediate_reopen(tmp_path, storage) -> None:
+    where = str(tmp_path)
+    never = {"flush_every": 10**9, "flush_seconds": 3600}  # no durable point but close's own
+    for attempt in range(3):  # before: the killed shard still held its lock when the next one opened it
+        replay = ShardedReplay(2, 64, SCHEMA, seed=0, storage=storage, durable_dir=where, reopen=attempt > 0, **never)
+        try:
+            assert len(replay) == 12 * attempt
+            replay.add(rows(np.arange(12 * attempt, 12 * attempt + 10)))
+            replay.writer().add(rows(np.arange(12 * attempt + 10, 12 * attempt + 12)))  # queued in its shard
+        finally:
+            replay.close()
+
+
 def test_a_disk_shard_killed_before_its_first_durable_point_restarts_empty(tmp_path) -> None:
     replay = ShardedReplay(
         2, 64, SCHEMA, seed=0, storage="disk", durable_dir=str(tmp_path), flush_every=10**9, flush_seconds=3600

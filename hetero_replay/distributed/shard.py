@@ -355,6 +355,17 @@ class ReplayShard:
         self._flushes.written()
         return self.summary()
 
+    def close(self) -> None:
+        """The learner closes the replay: queued rows join, a last durable point is made, the files are released.
+
+        Releasing them here, not when Ray ends the process, lets a learner reopen
+        ``durable_dir`` at once (a killed process holds its buffer's lock until it is gone).
+        """
+        self._take_staged()
+        if self.config.storage == HOST and self._durable_path() is not None:
+            self.flush()
+        self.replay.close()  # "disk" makes its last durable point here
+
     def pid(self) -> int:
         """The process this shard runs in (tests kill it)."""
         return os.getpid()

@@ -824,20 +824,33 @@ class ShardedReplay:
         return None if self._limiter is None else dict(self._ray.get(self._limiter.state_dict.remote()))
 
     def close(self, destroy: bool | None = None) -> None:
-        """Stop using the shards; kill them unless they are detached (``destroy`` overrides)."""
+        """Stop using the shards; close and kill them unless they are detached (``destroy`` overrides).
+
+        A closed shard makes a last durable point (with ``durable_dir``) and releases
+        its files, so ``reopen=True`` can continue them at once.
+        """
         with self._lock:
             # A shard lost for good must not keep the others alive: its pending replies are given up.
             with contextlib.suppress(cluster.ShardLostError):
                 self._deliver_held_back()
                 self._collect()
-            if destroy if destroy is not None else not self.detached:
-                if self._limiter is not None:  # its waiting writers wake (RateLimited) before it goes
-                    with contextlib.suppress(*cluster.actor_errors()):
-                        self._ray.get(self._limiter.close.remote())
-                    self._ray.kill(self._limiter, no_restart=True)
-                for h in self._shards:
-                    self._ray.kill(h, no_restart=True)
-            self._shards = []
+            try:
+                if destroy if destroy is not None else not self.detached:
+                    self._destroy()
+            finally:
+                self._shards = []
+
+    def _destroy(self) -> None:
+        try:
+            if self._limiter is not None:  # its waiting writers wake (RateLimited) before it goes
+                with contextlib.suppress(*cluster.actor_errors()):
+                    self._ray.get(self._limiter.close.remote())
+            for closing in [h.close.remote() for h in self._shards]:
+                with contextlib.suppress(*cluster.actor_errors()):  # a dead shard has nothing to release
+                    self._ray.get(closing)
+        finally:  # a shard whose last durable point failed still goes
+            for actor in self._shards if self._limiter is None else [*self._shards, self._limiter]:
+                self._ray.kill(actor, no_restart=True)
 
     def __getstate__(self) -> Any:
         raise TypeError(_NOT_IN_ONE_PROCESS)
