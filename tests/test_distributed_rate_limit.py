@@ -94,8 +94,16 @@ def test_the_limiters_counters_survive_a_reopen_from_durable_dir(tmp_path) -> No
     try:
         assert again.rate_limiter is not None
         assert (again.rate_limiter["inserted"], again.rate_limiter["sampled"]) == (100, BATCH)
+        again.add(rows(np.arange(100, 120)))
+        again.sample(BATCH)
     finally:
-        again.close()
+        again.close()  # its last durable point: no flush() needed
+    last = ShardedReplay(2, 256, SCHEMA, seed=0, durable_dir=d, reopen=True, rate_limiter=RateLimiter(1.0, error=BATCH))
+    try:
+        assert last.rate_limiter is not None
+        assert (last.rate_limiter["inserted"], last.rate_limiter["sampled"], len(last)) == (120, 2 * BATCH, 120)
+    finally:
+        last.close()
 
 
 def test_a_bad_rate_limiter_is_refused_before_ray_starts_a_shard() -> None:

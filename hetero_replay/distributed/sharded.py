@@ -826,8 +826,9 @@ class ShardedReplay:
     def close(self, destroy: bool | None = None) -> None:
         """Stop using the shards; close and kill them unless they are detached (``destroy`` overrides).
 
-        A closed shard makes a last durable point (with ``durable_dir``) and releases
-        its files, so ``reopen=True`` can continue them at once.
+        A closed shard makes a last durable point (with ``durable_dir``, where the rate
+        limiter's counters are saved too) and releases its files, so ``reopen=True``
+        can continue them at once.
         """
         with self._lock:
             # A shard lost for good must not keep the others alive: its pending replies are given up.
@@ -848,6 +849,8 @@ class ShardedReplay:
             for closing in [h.close.remote() for h in self._shards]:
                 with contextlib.suppress(*cluster.actor_errors()):  # a dead shard has nothing to release
                     self._ray.get(closing)
+            if self._limiter is not None and self.config.durable_dir is not None:  # counters match those points
+                save_state(self.config.durable_dir, self._ray.get(self._limiter.state_dict.remote()))
         finally:  # a shard whose last durable point failed still goes
             for actor in self._shards if self._limiter is None else [*self._shards, self._limiter]:
                 self._ray.kill(actor, no_restart=True)
