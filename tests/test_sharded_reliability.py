@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -175,6 +176,28 @@ def test_close_makes_a_last_durable_point_and_releases_the_files_for_an_immediat
             replay.writer().add(rows(np.arange(12 * attempt + 10, 12 * attempt + 12)))  # queued in its shard
         finally:
             replay.close()
+
+
+def test_close_kills_a_shard_that_does_not_answer_within_recovery_timeout() -> None:
+    replay = ShardedReplay(2, 64, SCHEMA, seed=0, recovery_timeout=1.0)
+    pids = replay.shard_pids()
+    replay._shards[1].__ray_call__.remote(lambda shard: time.sleep(3600))  # busy: its close() waits behind this
+    start = time.monotonic()
+    replay.close()
+    assert replay.closed
+    assert time.monotonic() - start < 60  # a bound on a hang, not a speed: close waits 1 s for the busy shard
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_a_disk_shard_killed_before_its_first_durable_point_restarts_empty(tmp_path) -> None:

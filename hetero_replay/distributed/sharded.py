@@ -846,9 +846,10 @@ class ShardedReplay:
             if self._limiter is not None:  # its waiting writers wake (RateLimited) before it goes
                 with contextlib.suppress(*cluster.actor_errors()):
                     self._ray.get(self._limiter.close.remote())
+            gone = (*cluster.actor_errors(), self._ray.exceptions.GetTimeoutError)
             for closing in [h.close.remote() for h in self._shards]:
-                with contextlib.suppress(*cluster.actor_errors()):  # a dead shard has nothing to release
-                    self._ray.get(closing)
+                with contextlib.suppress(*gone):  # a dead or hung shard is killed all the same
+                    self._ray.get(closing, timeout=self.recovery_timeout)
             if self._limiter is not None and self.config.durable_dir is not None:  # counters match those points
                 save_state(self.config.durable_dir, self._ray.get(self._limiter.state_dict.remote()))
         finally:  # a shard whose last durable point failed still goes
