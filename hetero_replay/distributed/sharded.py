@@ -828,7 +828,8 @@ class ShardedReplay:
 
         A closed shard makes a last durable point (with ``durable_dir``, where the rate
         limiter's counters are saved too) and releases its files, so ``reopen=True``
-        can continue them at once.
+        can continue them at once. A shard that does not answer within
+        ``recovery_timeout`` is killed without.
         """
         with self._lock:
             # A shard lost for good must not keep the others alive: its pending replies are given up.
