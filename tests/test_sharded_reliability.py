@@ -15,6 +15,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from hetero_replay import PrioritizedReplay  # noqa: E402
 from hetero_replay.distributed import (
     ShardedReplay,  # noqa: E402
     cluster,  # noqa: E402
@@ -176,6 +177,23 @@ def test_close_makes_a_last_durable_point_and_releases_the_files_for_an_immediat
             replay.writer().add(rows(np.arange(12 * attempt + 10, 12 * attempt + 12)))  # queued in its shard
         finally:
             replay.close()
+
+
+def test_shards_started_before_one_failed_release_their_files_for_an_immediate_retry(tmp_path) -> None:
+    def disk(shard: int, reopen: bool) -> PrioritizedReplay:
+        options = {"path": os.path.join(tmp_path, f"shard-{shard}"), "reopen": reopen}
+        return PrioritizedReplay(64, SCHEMA, storage="disk", storage_options=options)
+
+    holder = disk(1, reopen=False)
+    with pytest.raises(cluster.ShardLostError, match="shard 1 .*owned by another learner"):
+        ShardedReplay(2, 64, SCHEMA, seed=0, storage="disk", durable_dir=str(tmp_path), reopen=True)
+    disk(0, reopen=True).close()  # before: shard 0, started by the failed call and killed, could still hold it
+    holder.close()
+    replay = ShardedReplay(2, 64, SCHEMA, seed=0, storage="disk", durable_dir=str(tmp_path), reopen=True)
+    try:
+        assert len(replay) == 0
+    finally:
+        replay.close()
 
 
 def test_close_kills_a_shard_that_does_not_answer_within_recovery_timeout() -> None:

@@ -272,9 +272,8 @@ class ShardedReplay:
                 limiter = start_limiter(self.name, settings, self.detached)
             self._setup(handles, config, seed, max_redraws, recovery_timeout, staleness, batches_per_call, limiter)
         except BaseException:
-            if not running:  # shards this call started (one failed to start): none is left behind
-                for h in [*handles, *([limiter] if limiter is not None else [])]:
-                    cluster.ray_module().kill(h, no_restart=True)
+            if not running:  # shards this call started (one failed to start): none is left behind, none holds its files
+                _stop(handles, limiter, recovery_timeout, durable_dir=None)
             raise
 
     @classmethod
@@ -838,24 +837,9 @@ class ShardedReplay:
                 self._collect()
             try:
                 if destroy if destroy is not None else not self.detached:
-                    self._destroy()
+                    _stop(self._shards, self._limiter, self.recovery_timeout, self.config.durable_dir)
             finally:
                 self._shards = []
-
-    def _destroy(self) -> None:
-        try:
-            if self._limiter is not None:  # its waiting writers wake (RateLimited) before it goes
-                with contextlib.suppress(*cluster.actor_errors()):
-                    self._ray.get(self._limiter.close.remote())
-            gone = (*cluster.actor_errors(), self._ray.exceptions.GetTimeoutError)
-            for closing in [h.close.remote() for h in self._shards]:
-                with contextlib.suppress(*gone):  # a dead or hung shard is killed all the same
-                    self._ray.get(closing, timeout=self.recovery_timeout)
-            if self._limiter is not None and self.config.durable_dir is not None:  # counters match those points
-                save_state(self.config.durable_dir, self._ray.get(self._limiter.state_dict.remote()))
-        finally:  # a shard whose last durable point failed still goes
-            for actor in self._shards if self._limiter is None else [*self._shards, self._limiter]:
-                self._ray.kill(actor, no_restart=True)
 
     def __getstate__(self) -> Any:
         raise TypeError(_NOT_IN_ONE_PROCESS)
@@ -865,6 +849,30 @@ _NOT_IN_ONE_PROCESS = (
     "a ShardedReplay's state is not in one process: its shards make durable points themselves (durable_dir=, flush()); "
     "other processes add through replay.writer(), and a restarted learner uses ShardedReplay.attach(name)"
 )
+
+
+def _stop(shards: list[Any], limiter: Any, timeout: float, durable_dir: str | None) -> None:
+    """Close the ``shards`` (a last durable point, their files released), then kill them and the ``limiter``.
+
+    The limiter is closed first, so its waiting writers wake (``RateLimited``). A
+    shard that is dead or does not answer within ``timeout`` s is killed all the
+    same. With a ``durable_dir``, the limiter's counters are saved after the shards'
+    last durable points.
+    """
+    ray = cluster.ray_module()
+    gone = (*cluster.actor_errors(), ray.exceptions.GetTimeoutError)
+    try:
+        if limiter is not None:
+            with contextlib.suppress(*gone):
+                ray.get(limiter.close.remote(), timeout=timeout)
+        for closing in [h.close.remote() for h in shards]:
+            with contextlib.suppress(*gone):
+                ray.get(closing, timeout=timeout)
+        if limiter is not None and durable_dir is not None:
+            save_state(durable_dir, ray.get(limiter.state_dict.remote()))
+    finally:  # a shard whose last durable point failed still goes
+        for actor in shards if limiter is None else [*shards, limiter]:
+            ray.kill(actor, no_restart=True)
 
 
 def _check_same_replay(name: str, running: list[Any], num_shards: int, config: ShardConfig) -> None:
