@@ -196,6 +196,19 @@ def test_shards_started_before_one_failed_release_their_files_for_an_immediate_r
         replay.close()
 
 
+def test_a_shard_whose_last_durable_point_fails_raises_from_close_after_the_others_are_saved(tmp_path) -> None:
+    never = {"flush_every": 10**9, "flush_seconds": 3600}
+    replay = ShardedReplay(2, 64, SCHEMA, seed=0, durable_dir=str(tmp_path), **never)
+    replay.add(rows(np.arange(10)))
+    pids = replay.shard_pids()
+    (tmp_path / "shard-0.hrp" / "in-the-way").mkdir(parents=True)  # shard 0 cannot save over a directory
+    with pytest.raises(IsADirectoryError, match="shard-0.hrp"):
+        replay.close()
+    assert replay.closed
+    assert (tmp_path / "shard-1.hrp").is_file()  # shard 1 made its last durable point all the same
+    _wait_gone(pids)
+
+
 def test_close_kills_a_shard_that_does_not_answer_within_recovery_timeout() -> None:
     replay = ShardedReplay(2, 64, SCHEMA, seed=0, recovery_timeout=1.0)
     pids = replay.shard_pids()
@@ -204,6 +217,10 @@ def test_close_kills_a_shard_that_does_not_answer_within_recovery_timeout() -> N
     replay.close()
     assert replay.closed
     assert time.monotonic() - start < 60  # a bound on a hang, not a speed: close waits 1 s for the busy shard
+    _wait_gone(pids)
+
+
+def _wait_gone(pids: list[int]) -> None:
     deadline = time.monotonic() + 60
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -69,6 +69,7 @@ import contextlib
 import functools
 import os
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -854,25 +855,38 @@ _NOT_IN_ONE_PROCESS = (
 def _stop(shards: list[Any], limiter: Any, timeout: float, durable_dir: str | None) -> None:
     """Close the ``shards`` (a last durable point, their files released), then kill them and the ``limiter``.
 
-    The limiter is closed first, so its waiting writers wake (``RateLimited``). A
-    shard that is dead or does not answer within ``timeout`` s is killed all the
-    same. With a ``durable_dir``, the limiter's counters are saved after the shards'
-    last durable points.
+    The limiter is closed first, so its waiting writers wake (``RateLimited``).
+    Shards that are dead, or do not answer within ``timeout`` s in all, are killed
+    all the same; a shard's own error (its last durable point failed) is raised
+    once every shard is closed and killed. With a ``durable_dir``, the limiter's
+    counters are saved after the shards' last durable points.
     """
     ray = cluster.ray_module()
     gone = (*cluster.actor_errors(), ray.exceptions.GetTimeoutError)
+    deadline = time.monotonic() + timeout
+    failed: list[Exception] = []
+
+    def wait(ref: Any) -> Any:
+        try:
+            return ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except gone:
+            return None
+        except Exception as e:  # raised below, once every actor is gone
+            failed.append(e)
+            return None
+
     try:
         if limiter is not None:
-            with contextlib.suppress(*gone):
-                ray.get(limiter.close.remote(), timeout=timeout)
+            wait(limiter.close.remote())
         for closing in [h.close.remote() for h in shards]:
-            with contextlib.suppress(*gone):
-                ray.get(closing, timeout=timeout)
-        if limiter is not None and durable_dir is not None:
-            save_state(durable_dir, ray.get(limiter.state_dict.remote()))
-    finally:  # a shard whose last durable point failed still goes
+            wait(closing)
+        if limiter is not None and durable_dir is not None and (state := wait(limiter.state_dict.remote())):
+            save_state(durable_dir, state)
+    finally:
         for actor in shards if limiter is None else [*shards, limiter]:
             ray.kill(actor, no_restart=True)
+    if failed:
+        raise failed[0]
 
 
 def _check_same_replay(name: str, running: list[Any], num_shards: int, config: ShardConfig) -> None:
