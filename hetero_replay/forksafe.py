@@ -40,7 +40,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: ``order`` of a host-library adapter's buffer lock: taken first.
@@ -209,6 +209,20 @@ def _hold_at_exit() -> None:
     _exit_holder = threading.get_ident()
 
 
+def at_exit(fn: Callable[[], Any]) -> None:
+    """Call ``fn`` at interpreter exit, before the exit handlers registered so far, after the wait for locks.
+
+    For closes that need a service whose own exit handler would otherwise have
+    run first (a ``ShardedReplay``'s shards, gone with Ray's shutdown); the
+    exiting thread holds the library's locks by then, as for any exit handler
+    here. Handlers registered later run earlier (``atexit``'s order);
+    ``atexit.unregister(fn)`` undoes it.
+    """
+    atexit.register(fn)
+    atexit.unregister(_hold_at_exit)  # still the first to run
+    atexit.register(_hold_at_exit)
+
+
 _exit_holder: int | None = None
 _exit_deadline = 0.0  # time.monotonic() when the exiting thread stops waiting for locks
 
@@ -217,4 +231,4 @@ if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
 atexit.register(_hold_at_exit)
 
 
-__all__ = ["EXIT_WAIT_SECONDS", "INNER", "OUTER", "PIPELINE", "ForkSafeLock", "holding", "holding_for_exit"]
+__all__ = ["EXIT_WAIT_SECONDS", "INNER", "OUTER", "PIPELINE", "ForkSafeLock", "at_exit", "holding", "holding_for_exit"]

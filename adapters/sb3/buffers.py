@@ -57,6 +57,7 @@ from hetero_replay.extend import (
     ForkSafeLock,
     Normalise,
     RowStager,
+    at_exit,
     check_bool,
     check_int,
     check_normalise,
@@ -815,7 +816,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def _close_when_gone(self) -> None:
         """Close this buffer when it is collected or at interpreter exit, if it was not closed before."""
         # The callback holds the instance's attributes, not the instance: it must not keep the buffer alive.
-        weakref.finalize(self, _close_unclosed, type(self), self.__dict__, os.getpid())
+        closer = weakref.finalize(self, _close_unclosed, type(self), self.__dict__, os.getpid())
+        # At exit its staged rows go down before the replay below closes (a ShardedReplay's shards go with Ray's
+        # exit handler): it runs before the exit handlers registered so far.
+        closer.atexit = False
+        at_exit(closer)
 
     @property
     def replay(self) -> Replay:

@@ -49,6 +49,12 @@ def connect(address: str | None, num_cpus: int | None = None) -> str:
     return str(ray.get_runtime_context().gcs_address)
 
 
+def session() -> str | None:
+    """This process's Ray connection, or ``None`` without one: actor handles of another are void (``ray.shutdown``)."""
+    ray = ray_module()
+    return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else None
+
+
 def shard_name(replay: str, shard: int) -> str:
     return f"{replay}/shard-{shard}"
 
@@ -150,6 +156,7 @@ __all__ = [
     "find_shards",
     "ray_module",
     "running_shards",
+    "session",
     "start_shard",
     "wait_for",
 ]

@@ -65,12 +65,14 @@ Writers send the largest they have seen in replies.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -79,7 +81,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from hetero_replay import _native
+from hetero_replay import _native, forksafe
 from hetero_replay.checks import check_batch_size, check_bool, check_int, check_real, check_seed
 from hetero_replay.distributed import cluster, wire
 from hetero_replay.distributed.limiter import find_limiter, save_state, saved_state, settings_of, start_limiter
@@ -328,6 +330,9 @@ class ShardedReplay:
             cluster.wait_for(functools.partial(self._reply, h.summary), k, recovery_timeout, self.name)
             for k, h in enumerate(handles)
         ]
+        # A learner that exits without close() loses nothing: closed before Ray's exit handler ends the shards.
+        self._close_at_exit = functools.partial(_close_at_exit, weakref.ref(self), os.getpid(), cluster.session())
+        forksafe.at_exit(self._close_at_exit)
 
     # -- properties --------------------------------------------------------------------
 
@@ -831,6 +836,7 @@ class ShardedReplay:
         can continue them at once. A shard that does not answer within
         ``recovery_timeout`` is killed without.
         """
+        atexit.unregister(self._close_at_exit)
         with self._lock:
             # A shard lost for good must not keep the others alive: its pending replies are given up.
             with contextlib.suppress(cluster.ShardLostError):
@@ -850,6 +856,13 @@ _NOT_IN_ONE_PROCESS = (
     "a ShardedReplay's state is not in one process: its shards make durable points themselves (durable_dir=, flush()); "
     "other processes add through replay.writer(), and a restarted learner uses ShardedReplay.attach(name)"
 )
+
+
+def _close_at_exit(ref: weakref.ref[ShardedReplay], owner: int, session: str | None) -> None:
+    """Close a replay its learner left open, at exit: in the learner's process only, while its Ray session runs."""
+    replay = ref()
+    if replay is not None and os.getpid() == owner and cluster.session() == session:
+        replay.close()
 
 
 def _stop(shards: list[Any], limiter: Any, timeout: float, durable_dir: str | None) -> None:
