@@ -287,10 +287,9 @@ class ShardedReplay:
         """The learner side of running (detached) shards named ``name``: a restarted learner continues with them."""
         staleness = _sharded_staleness(staleness)
         _check_batches_per_call(batches_per_call, staleness)
-        cluster.connect(address)
-        handles = cluster.find_shards(name)
         self = cls.__new__(cls)
         self.address = cluster.connect(address)
+        handles = cluster.find_shards(name)
         self.name, self.detached = name, True
         config = cluster.ray_module().get(handles[0].__ray_call__.remote(lambda shard: shard.config))
         self._setup(
