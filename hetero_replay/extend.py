@@ -10,8 +10,9 @@ nothing of the core but :mod:`hetero_replay` and this module
 * argument checks, so that every public edge refuses the same values with
   the same messages (:mod:`hetero_replay.checks`, ``check_beta``);
 * a fork-safe lock, for a buffer that keeps state of its own beside the
-  engine, and ``at_exit``, for a buffer's close at exit that must run before a
-  service below it goes (:mod:`hetero_replay.forksafe`);
+  engine (:mod:`hetero_replay.forksafe`), and ``close_when_gone``: a buffer
+  left unclosed is closed when collected or at exit, before the replay below
+  it goes (:mod:`hetero_replay.closing`);
 * placement helpers: the host storage's name, and the check for libraries
   whose one policy both acts and trains (``one_policy_placement``);
 * the staleness schedule (``Schedule``, ``PendingUpdate``), for a wrapper that
@@ -46,7 +47,8 @@ from hetero_replay.checks import (
     is_int,
     is_real,
 )
-from hetero_replay.forksafe import OUTER, ForkSafeLock, at_exit, holding
+from hetero_replay.closing import close_when_gone
+from hetero_replay.forksafe import OUTER, ForkSafeLock, holding
 from hetero_replay.options import check_beta
 from hetero_replay.pipeline import AUTO_WINDOW
 from hetero_replay.placement import HOST, one_policy_placement
@@ -87,7 +89,6 @@ __all__ = [
     "Timing",
     "WorkloadSpec",
     "advise",
-    "at_exit",
     "check_beta",
     "check_bool",
     "check_int",
@@ -96,6 +97,7 @@ __all__ = [
     "check_path",
     "check_seed",
     "check_staleness",
+    "close_when_gone",
     "holding",
     "install_hint",
     "is_int",

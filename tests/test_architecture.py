@@ -21,6 +21,7 @@ LAYERS = [
         "hetero_replay._rmm_emu",
         "hetero_replay.registry",
         "hetero_replay.forksafe",
+        "hetero_replay.closing",  # a buffer left unclosed is closed when collected or at exit (forksafe's order)
         "hetero_replay.checks",  # argument checks: NumPy and the standard library only
     ),
     (

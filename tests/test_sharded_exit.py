@@ -61,6 +61,26 @@ SB3_LEARNER = textwrap.dedent(
     """
 )
 
+TIANSHOU_LEARNER = textwrap.dedent(
+    """
+    import sys
+    import gymnasium as gym
+    import numpy as np
+    from tianshou.data import Batch
+    from hetero_replay.adapters.tianshou import ShardedVectorReplayBuffer
+
+    env = gym.make("CartPole-v1")
+    buf = ShardedVectorReplayBuffer(2, num_shards=2, capacity_per_shard=64, send_every=1000, n_step=3,
+                                    observation_space=env.observation_space, action_space=env.action_space,
+                                    durable_dir=sys.argv[1], flush_every=10**9, flush_seconds=3600)
+    for t in range(10):  # 20 transitions: staged, or waiting in their 3-step windows
+        obs = np.full((2, 4), t, np.float32)
+        buf.add(Batch(obs=obs, act=np.zeros(2, np.int64), rew=np.ones(2), terminated=np.array([t == 4, False]),
+                      truncated=np.zeros(2, bool), obs_next=obs + 1, info=Batch()))
+    print("added", buf.sent, flush=True)
+    """
+)
+
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300)
@@ -92,4 +112,11 @@ def test_an_sb3_buffer_over_shards_hands_down_its_staged_rows_at_exit(tmp_path) 
     where = tmp_path / "replay"
     run(SB3_LEARNER, str(where))
     # Before: no file at all (the shards were gone before the buffer's close ran).
+    assert sum(len(PrioritizedReplay.load(where / f"shard-{k}.hrp")) for k in range(2)) == 20
+
+
+def test_a_tianshou_buffer_over_shards_sends_its_staged_rows_and_windows_at_exit(tmp_path) -> None:
+    pytest.importorskip("tianshou")
+    where = tmp_path / "replay"
+    assert "added 0" in run(TIANSHOU_LEARNER, str(where)).stdout
     assert sum(len(PrioritizedReplay.load(where / f"shard-{k}.hrp")) for k in range(2)) == 20

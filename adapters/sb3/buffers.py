@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import warnings
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -57,11 +55,11 @@ from hetero_replay.extend import (
     ForkSafeLock,
     Normalise,
     RowStager,
-    at_exit,
     check_bool,
     check_int,
     check_normalise,
     check_seed,
+    close_when_gone,
     normalise_by_batch,
     one_policy_placement,
     same_device,
@@ -322,7 +320,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._weights_sampled = 0
         self._lock = ForkSafeLock(OUTER)
         self._closed = False
-        self._close_when_gone()
+        close_when_gone(self, _still_open)
 
     # -- what a transition holds ------------------------------------------------
 
@@ -813,15 +811,6 @@ class PrioritizedReplayBuffer(ReplayBuffer):
                 if self._owns_replay:
                     self._replay.close()
 
-    def _close_when_gone(self) -> None:
-        """Close this buffer when it is collected or at interpreter exit, if it was not closed before."""
-        # The callback holds the instance's attributes, not the instance: it must not keep the buffer alive.
-        closer = weakref.finalize(self, _close_unclosed, type(self), self.__dict__, os.getpid())
-        # At exit its staged rows go down before the replay below closes (a ShardedReplay's shards go with Ray's
-        # exit handler): it runs before the exit handlers registered so far.
-        closer.atexit = False
-        at_exit(closer)
-
     @property
     def replay(self) -> Replay:
         """The core replay that holds the transitions and their priorities (relaxed with ``staleness >= 1``).
@@ -917,7 +906,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._stage_new()
         self._lock = ForkSafeLock(OUTER)
         self._closed = False
-        self._close_when_gone()
+        close_when_gone(self, _still_open)
 
     def take_mean_weight(self) -> float:
         """The mean IS weight of the transitions sampled since the last call (NaN if none): what SB3 logs.
@@ -1103,16 +1092,8 @@ def _durable_place(storage_options: dict[str, Any] | None, distributed: Any) -> 
     return None
 
 
-def _close_unclosed(buffer_class: type[PrioritizedReplayBuffer], state: dict[str, Any], owner: int) -> None:
-    """``weakref.finalize``'s callback: close a buffer left unclosed, from its attributes.
-
-    Only in the process that built it: a forked child's copy must not write the owner's files.
-    """
-    if os.getpid() != owner or state.get("_closed", True):
-        return
-    buffer = buffer_class.__new__(buffer_class)
-    buffer.__dict__ = state  # the same attributes, so close() sees and updates the buffer's own state
-    buffer.close()
+def _still_open(state: dict[str, Any]) -> bool:
+    return not state.get("_closed", True)
 
 
 def _compressed_options(compress: Any, storage: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:

@@ -77,7 +77,6 @@ import contextlib
 import copy
 import math
 import os
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self, cast
@@ -113,6 +112,7 @@ from hetero_replay.extend import (
     check_int,
     check_path,
     check_seed,
+    close_when_gone,
     holding,
     is_device_tree,
     td_magnitudes,
@@ -436,11 +436,6 @@ class _TreePriorities:
             finally:
                 self._durable = None
 
-    def _close_when_gone(self) -> None:
-        """Close this durable buffer when it is collected or at interpreter exit, if it was not closed before."""
-        # The callback holds the instance's attributes, not the instance: it must not keep the buffer alive.
-        weakref.finalize(self, _close_unclosed, type(self), self.__dict__, os.getpid())
-
     @classmethod
     def reopen(cls, path: str | os.PathLike[str], **overrides: Any) -> Self:
         """The buffer of the last durable point in ``path``, which goes on writing durable points there.
@@ -491,7 +486,7 @@ class _TreePriorities:
         except (TypeError, ValueError, IndexError) as e:
             raise ReplayFileError(f"{path}: inconsistent durable Tianshou buffer ({e})") from e
         buffer._durable = DurableFile(path, schedule)
-        buffer._close_when_gone()
+        close_when_gone(buffer, _durable_open)
         return buffer
 
     @classmethod
@@ -508,7 +503,7 @@ class _TreePriorities:
         if durable is not None:
             with self._lock:
                 self._write_durable_point()
-            self._close_when_gone()
+            close_when_gone(self, _durable_open)
 
     def _check_durable_rows(self, staged: Staged) -> None:
         """Before an add writes: refuse new storage keys a durable point could not hold (changing nothing)."""
@@ -828,16 +823,8 @@ def _take_rows(batch: Batch, index: Any) -> Batch:
 
 # The ignore: _TreePriorities.weight deliberately replaces Tianshou's SegmentTree with a PriorityWeights view,
 # and _alpha, _beta, _max_prio, _min_prio its attributes with read-only views of the priorities.
-def _close_unclosed(buffer_class: type[_TreePriorities], state: dict[str, Any], owner: int) -> None:
-    """``weakref.finalize``'s callback: close a durable buffer left unclosed, from its attributes.
-
-    Only in the process that built it: a forked child's copy must not write the owner's file.
-    """
-    if os.getpid() != owner or state.get("_durable") is None:
-        return
-    buffer = buffer_class.__new__(buffer_class)
-    object.__setattr__(buffer, "__dict__", state)  # the same attributes: close() sees the buffer's own state
-    buffer.close()
+def _durable_open(state: dict[str, Any]) -> bool:
+    return state.get("_durable") is not None
 
 
 class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  # type: ignore[misc,override]

@@ -68,7 +68,7 @@ from tianshou.data import Batch, ReplayBuffer, VectorReplayBuffer
 from tianshou.data.types import RolloutBatchProtocol
 
 from hetero_replay import Field, Sample, Schema, ShardedReplay
-from hetero_replay.extend import check_int, is_int
+from hetero_replay.extend import check_int, close_when_gone, is_int
 
 #: The fields of a transition that travel to the shards (Tianshou's names). ``info``
 #: and ``policy`` stay in the local ring: they are not plain arrays, and the
@@ -258,6 +258,7 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
         self.replay: ShardedReplay | None = replay
         if replay is None and expected is not None:
             self.replay = self._build_replay(expected)
+        close_when_gone(self, _unsent)
 
     # -- what the Collector calls ---------------------------------------------------------
 
@@ -393,7 +394,12 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
         return ShardedReplay(schema=schema, **self._replay_options)
 
     def close(self) -> None:
-        """Send the staged transitions; close the replay if this buffer built it (a given one stays open)."""
+        """Send the staged transitions; close the replay if this buffer built it (a given one stays open).
+
+        A buffer not closed is closed the same way when it is garbage collected or
+        the interpreter exits normally (in the process that built it), before the
+        replay's own close at exit: a normal exit loses no transition.
+        """
         if self.replay is None:
             return
         for env in range(self.buffer_num):
@@ -401,6 +407,13 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
         self.send()
         if self._owns_replay:
             self.replay.close()
+
+
+def _unsent(state: dict[str, Any]) -> bool:
+    """Whether a buffer (its attributes) holds transitions not sent yet, or a replay of its own still open."""
+    replay = state.get("replay")
+    owned_open = state.get("_owns_replay", False) and replay is not None and not replay.closed
+    return bool(state.get("_staged")) or any(state.get("_open_windows", ())) or owned_open
 
 
 class ShardedSampleBuffer(ReplayBuffer):
