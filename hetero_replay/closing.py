@@ -23,11 +23,23 @@ from hetero_replay.forksafe import at_exit
 def close_when_gone(buffer: Any, still_open: Callable[[dict[str, Any]], bool]) -> None:
     """Call ``buffer.close()`` when ``buffer`` is collected or the interpreter exits, if ``still_open(its attributes)``.
 
-    ``still_open`` must not refer to ``buffer`` (it would never be collected).
+    Call it once the replay below ``buffer`` exists: at exit, buffers close in the
+    reverse order of these calls, before the exit handlers registered until the
+    last one. ``still_open`` must not refer to ``buffer`` (it would never be collected).
     """
     closer = weakref.finalize(buffer, _close_unclosed, type(buffer), buffer.__dict__, os.getpid(), still_open)
     closer.atexit = False  # at exit, at_exit's order instead of weakref's (which runs after Ray's shutdown)
-    at_exit(closer)
+    _closers[:] = [c for c in _closers if c.alive]
+    _closers.append(closer)
+    at_exit(_close_all)  # moved after every exit handler registered so far: it runs before them
+
+
+_closers: list[weakref.finalize[Any, Any]] = []
+
+
+def _close_all() -> None:
+    for closer in reversed(_closers):
+        closer()
 
 
 def _close_unclosed(

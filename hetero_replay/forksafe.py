@@ -215,9 +215,10 @@ def at_exit(fn: Callable[[], Any]) -> None:
     For closes that need a service whose own exit handler would otherwise have
     run first (a ``ShardedReplay``'s shards, gone with Ray's shutdown); the
     exiting thread holds the library's locks by then, as for any exit handler
-    here. Handlers registered later run earlier (``atexit``'s order);
-    ``atexit.unregister(fn)`` undoes it.
+    here. Handlers registered later run earlier (``atexit``'s order): registering
+    ``fn`` again moves it before those registered since. ``atexit.unregister(fn)`` undoes it.
     """
+    atexit.unregister(fn)
     atexit.register(fn)
     atexit.unregister(_hold_at_exit)  # still the first to run
     atexit.register(_hold_at_exit)

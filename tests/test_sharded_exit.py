@@ -70,8 +70,9 @@ TIANSHOU_LEARNER = textwrap.dedent(
     from hetero_replay.adapters.tianshou import ShardedVectorReplayBuffer
 
     env = gym.make("CartPole-v1")
-    buf = ShardedVectorReplayBuffer(2, num_shards=2, capacity_per_shard=64, send_every=1000, n_step=3,
-                                    observation_space=env.observation_space, action_space=env.action_space,
+    # Without the spaces the first add builds the replay (and registers its own close at exit then).
+    spaces = dict(observation_space=env.observation_space, action_space=env.action_space) if sys.argv[2] == "spaces" else {}
+    buf = ShardedVectorReplayBuffer(2, num_shards=2, capacity_per_shard=64, send_every=1000, n_step=3, **spaces,
                                     durable_dir=sys.argv[1], flush_every=10**9, flush_seconds=3600)
     for t in range(10):  # 20 transitions: staged, or waiting in their 3-step windows
         obs = np.full((2, 4), t, np.float32)
@@ -115,8 +116,9 @@ def test_an_sb3_buffer_over_shards_hands_down_its_staged_rows_at_exit(tmp_path) 
     assert sum(len(PrioritizedReplay.load(where / f"shard-{k}.hrp")) for k in range(2)) == 20
 
 
-def test_a_tianshou_buffer_over_shards_sends_its_staged_rows_and_windows_at_exit(tmp_path) -> None:
+@pytest.mark.parametrize("schema_from", ["spaces", "first add"])
+def test_a_tianshou_buffer_over_shards_sends_its_staged_rows_and_windows_at_exit(tmp_path, schema_from: str) -> None:
     pytest.importorskip("tianshou")
     where = tmp_path / "replay"
-    assert "added 0" in run(TIANSHOU_LEARNER, str(where)).stdout
+    assert "added 0" in run(TIANSHOU_LEARNER, str(where), schema_from).stdout
     assert sum(len(PrioritizedReplay.load(where / f"shard-{k}.hrp")) for k in range(2)) == 20

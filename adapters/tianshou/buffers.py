@@ -821,12 +821,12 @@ def _take_rows(batch: Batch, index: Any) -> Batch:
     return out
 
 
-# The ignore: _TreePriorities.weight deliberately replaces Tianshou's SegmentTree with a PriorityWeights view,
-# and _alpha, _beta, _max_prio, _min_prio its attributes with read-only views of the priorities.
 def _durable_open(state: dict[str, Any]) -> bool:
     return state.get("_durable") is not None
 
 
+# The ignore: _TreePriorities.weight deliberately replaces Tianshou's SegmentTree with a PriorityWeights view,
+# and _alpha, _beta, _max_prio, _min_prio its attributes with read-only views of the priorities.
 class HeteroPrioritizedReplayBuffer(_TreePriorities, PrioritizedReplayBuffer):  # type: ignore[misc,override]
     """Tianshou's ``PrioritizedReplayBuffer`` with priorities in a hetero-replay sum tree.
 

@@ -258,7 +258,8 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
         self.replay: ShardedReplay | None = replay
         if replay is None and expected is not None:
             self.replay = self._build_replay(expected)
-        close_when_gone(self, _unsent)
+        if self.replay is not None:  # otherwise once the first add builds it: it must exist first (closing.py)
+            close_when_gone(self, _unsent)
 
     # -- what the Collector calls ---------------------------------------------------------
 
@@ -279,6 +280,7 @@ class ShardedVectorReplayBuffer(VectorReplayBuffer):
             given = _windowed(Schema({name: (arr.shape[1:], arr.dtype) for name, arr in rows.items()}), self.n_step)
             if self.replay is None:
                 self.replay = self._build_replay(given)
+                close_when_gone(self, _unsent)
             check_schema(self.replay.schema, given, "the collected data gives")
             self._schema_checked = True
         rows = _fit(_one_step(self.replay.schema, self.n_step), rows)
