@@ -12,6 +12,7 @@ their own exit handlers (Ray's shutdown among them) end them.
 
 from __future__ import annotations
 
+import itertools
 import os
 import weakref
 from collections.abc import Callable
@@ -29,16 +30,19 @@ def close_when_gone(buffer: Any, still_open: Callable[[dict[str, Any]], bool]) -
     """
     closer = weakref.finalize(buffer, _close_unclosed, type(buffer), buffer.__dict__, os.getpid(), still_open)
     closer.atexit = False  # at exit, at_exit's order instead of weakref's (which runs after Ray's shutdown)
-    _closers[:] = [c for c in _closers if c.alive]
-    _closers.append(closer)
+    for key, done in list(_closers.items()):  # (each step atomic: buffers may be built on several threads)
+        if not done.alive:
+            _closers.pop(key, None)
+    _closers[next(_keys)] = closer
     at_exit(_close_all)  # moved after every exit handler registered so far: it runs before them
 
 
-_closers: list[weakref.finalize[Any, Any]] = []
+_closers: dict[int, weakref.finalize[Any, Any]] = {}  # in the order of registration
+_keys = itertools.count()
 
 
 def _close_all() -> None:
-    for closer in reversed(_closers):
+    for closer in reversed(list(_closers.values())):
         closer()
 
 
