@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +44,10 @@ _keys = itertools.count()
 
 def _close_all() -> None:
     for closer in reversed(list(_closers.values())):
-        closer()
+        try:
+            closer()
+        except Exception:  # reported as weakref's exit handler does: one buffer's failure must not stop the others
+            sys.excepthook(*sys.exc_info())
 
 
 def _close_unclosed(

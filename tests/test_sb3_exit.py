@@ -133,6 +133,37 @@ def test_a_durable_tianshou_buffer_keeps_every_transition_when_the_script_ends_n
     assert len(HeteroPrioritizedReplayBuffer.reopen(path)) == 16
 
 
+# Two durable buffers left open; the newer one's last durable point cannot be written (a directory in its way).
+TWO_BUFFERS = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    from tianshou.data import Batch
+    from hetero_replay.adapters.tianshou import HeteroPrioritizedReplayBuffer
+
+    bufs = [HeteroPrioritizedReplayBuffer(100, random_seed=0, durable_path=path, flush_every=10**6, flush_seconds=3600)
+            for path in sys.argv[1:3]]
+    for buf in bufs:
+        for k in range(16):
+            buf.add(Batch(obs=np.full(3, k, np.float32), act=k, rew=float(k), terminated=False, truncated=False,
+                          obs_next=np.full(3, k, np.float32), info={}))
+    os.remove(sys.argv[2])
+    os.makedirs(os.path.join(sys.argv[2], "in-the-way"))
+    """
+)
+
+
+def test_at_exit_one_buffer_whose_close_fails_does_not_stop_the_others(tmp_path) -> None:
+    pytest.importorskip("tianshou")
+    from hetero_replay.adapters.tianshou import HeteroPrioritizedReplayBuffer
+
+    first, second = tmp_path / "first.hr", tmp_path / "second.hr"
+    out = subprocess.run([sys.executable, "-c", TWO_BUFFERS, str(first), str(second)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "IsADirectoryError" in out.stderr  # the newer buffer, closed first, is reported
+    assert len(HeteroPrioritizedReplayBuffer.reopen(first)) == 16  # ... and the older one still closed
+
+
 def _add(buf: PrioritizedReplayBuffer, rows: int) -> None:
     for i in range(rows):
         buf.add(np.full((1, 4), i % 2, np.float32), np.zeros((1, 4), np.float32), np.array([1]),
