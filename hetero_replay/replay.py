@@ -57,8 +57,12 @@ from hetero_replay.trees import SumTree
 from hetero_replay.trees.base import MAX_CAPACITY
 from hetero_replay.trees.numpy_tree import as_indices
 
-#: Draws :meth:`PrioritizedReplay.sample` makes before giving up on a ring whose rows keep changing under it.
+#: A ring whose rows keep changing under :meth:`PrioritizedReplay.sample`: it gives up after this
+#: many draws *and* this many seconds. The time bound is for a learner stalled a moment (a busy or
+#: stolen core) while writers run on: they lap the ring within each draw, and the count alone ends
+#: in microseconds what a pause of milliseconds caused.
 _MAX_REDRAWS = 64
+_REDRAW_PATIENCE_S = 2.0
 #: What :meth:`PrioritizedReplay.rate_limited` gives when nothing waits (stateless, so one serves every call).
 _LET_THROUGH = contextlib.nullcontext()
 
@@ -395,10 +399,12 @@ class PrioritizedReplay:
         weights: Any = None
         data: dict[str, Any] = {}
         redo: np.ndarray | None = None  # positions of the batch still to draw
-        for attempt in range(_MAX_REDRAWS):
+        give_up = time.monotonic() + _REDRAW_PATIENCE_S
+        attempt = -1
+        while (attempt := attempt + 1) < _MAX_REDRAWS or time.monotonic() < give_up:
             if self.tree.total() == 0:
                 # Every stored row is being rewritten this instant (a ring of a few rows): wait for a commit.
-                time.sleep(min(1e-4 * 2**attempt, 0.05))
+                time.sleep(1e-4 * 2 ** min(attempt, 9))  # at most ~50 ms
                 self._sync()
                 continue
             k = n if redo is None else len(redo)
@@ -418,7 +424,10 @@ class PrioritizedReplay:
             self._sync()
         if self.tree.total() == 0:
             raise ValueError("no complete row to sample: every stored row is being rewritten (or its writer died)")
-        raise RuntimeError(f"no batch of intact rows in {_MAX_REDRAWS} draws: writers rewrite the ring too fast")
+        raise RuntimeError(
+            f"no batch of intact rows in {attempt} draws over {_REDRAW_PATIENCE_S:g} s: writers rewrite the "
+            "ring faster than the learner reads it (a larger capacity gives the learner more time)"
+        )
 
     def _sync(self) -> None:
         """Take in what writer processes did since the last call (ring storages; holds the lock)."""

@@ -16,6 +16,7 @@ buffers left no file behind.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import pickle
@@ -27,6 +28,7 @@ import numpy as np
 import pytest
 
 from hetero_replay import PrioritizedReplay
+from hetero_replay import replay as rp
 from hetero_replay.pipeline import RelaxedReplay
 from hetero_replay.storage import ring
 from hetero_replay.storage.disk import CONTROL_FILE, ROW_FILE, STATE_FILE, DiskRows
@@ -458,6 +460,43 @@ def test_writer_killed_mid_add(shared_store, stage):
 def test_writers_killed_at_random_moments(shared_store):
     """Looping actors SIGKILLed at random times never get a torn row sampled; the ring works after."""
     check_random_kills(shared_store)
+
+
+def test_rows_rewritten_past_the_redraw_count_are_waited_out_then_refused(shared_store, monkeypatch):
+    """A learner stalled while a writer laps the ring finds 100 draws in a row rewritten: it waits them out.
+
+    Between the learner's poll and its read of the rows drawn, a writer in this process laps the
+    whole ring (what a writer on another core does while the learner's core is taken), for the
+    first 100 reads. Rows rewritten for longer than the time bound end in RuntimeError, never in
+    a row served for another's priority.
+    """
+    cap = 64
+    buf = shared_store.make(cap, schema=SMALL_SCHEMA)
+    buf.add(rows_with_ids(np.arange(1, cap + 1), width=4))
+    writer, read = buf.writer(), buf.storage.read_intact
+    reads, next_id = 0, cap + 1
+
+    def lapped_first(indices, laps=100):
+        nonlocal reads, next_id
+        reads += 1
+        if reads <= laps:
+            writer.add(rows_with_ids(np.arange(next_id, next_id + cap), width=4))
+            next_id += cap
+        return read(indices)
+
+    monkeypatch.setattr(buf.storage, "read_intact", lapped_first)
+    s = buf.sample(4)
+    assert reads == 101 and torn(s.data).size == 0
+    np.testing.assert_array_equal(s.data["id"], next_id - cap + s.indices)  # the last lap's rows
+    assert len(buf) == cap and (buf.priorities.leaves() > 0).all()
+
+    monkeypatch.setattr(rp, "_REDRAW_PATIENCE_S", 0.2)
+    monkeypatch.setattr(buf.storage, "read_intact", functools.partial(lapped_first, laps=10**9))
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"no batch of intact rows in \d+ draws over 0.2 s"):
+        buf.sample(4)
+    assert time.monotonic() - start >= 0.2
+    writer.close()
 
 
 def test_bad_batches_change_nothing(shared_store):
