@@ -26,8 +26,9 @@ waits for the other to *move*; if the other stops, it waits up to ``timeout``
 seconds (``None``: until allowed; ``0``: not at all) and raises
 :class:`RateLimited`. :meth:`close` wakes every waiter (they raise too).
 
-Thread-safe (one lock and condition). Its state (the two counters) is part of a
-checkpoint through :meth:`state_dict` / :meth:`load_state_dict`.
+Thread-safe (one lock and condition): a call is counted in the same hold of the lock that lets
+it go, so calls let go at once see each other and never pass the band together. Its state (the
+two counters) is part of a checkpoint through :meth:`state_dict` / :meth:`load_state_dict`.
 """
 
 from __future__ import annotations
@@ -117,9 +118,7 @@ class RateLimiter:
                 f"a sample of n={n} is more than error={self.error:g}: it could wait on writers waiting on it; "
                 "raise error= to at least the batch size"
             )
-        self._wait(lambda: self.can_sample(n), "sample", n, timeout, poll)
-        if count:
-            self.count(sampled=n)
+        self._wait(lambda: self.can_sample(n), "sample", n, timeout, poll, count)
 
     def insert(self, n: int, timeout: float | None = DEFAULT, count: bool = True) -> None:
         """Wait until an insert of ``n`` may go (see :meth:`can_insert`), then count it (unless ``not count``).
@@ -129,32 +128,32 @@ class RateLimiter:
             RateLimited: not allowed within ``timeout`` (default :attr:`timeout`), or closed.
         """
         n = check_int(n, "n", 1)
-        self._wait(lambda: self.can_insert(n), "insert", n, timeout, None)
-        if count:
-            self.count(inserted=n)
+        self._wait(lambda: self.can_insert(n), "insert", n, timeout, None, count)
 
     @contextlib.contextmanager
     def admitted(self, side: str, n: int, count: bool = True, poll: Callable[[], None] | None = None) -> Iterator[None]:
-        """A buffer's front door: wait until an ``"insert"`` or ``"sample"`` of ``n`` may go, run the body, count it.
+        """A buffer's front door: wait until an ``"insert"`` or ``"sample"`` of ``n`` may go, count it, run the body.
 
-        Nothing is counted when the body raises (the buffer refused the call), nor with ``count=False``
-        (the owner counts what it learns by polling; ``poll`` as in :meth:`sample`).
+        The call is counted as it is let go (so calls let go at once see each other) and taken back
+        when the body raises (the buffer refused it): a refused call counts nothing. ``count=False``:
+        the owner counts what it learns by polling (``poll`` as in :meth:`sample`).
 
         Raises:
             ValueError: ``side`` is neither, or ``n`` as in :meth:`sample` / :meth:`insert`.
             RateLimited: as there.
         """
         if side == "sample":
-            self.sample(n, count=False, poll=poll)
+            self.sample(n, count=count, poll=poll)
         elif side == "insert":
-            self.insert(n, count=False)
+            self.insert(n, count=count)
         else:
             raise ValueError(f"side must be 'insert' or 'sample', got {side!r}")
-        yield
-        if count and side == "sample":
-            self.count(sampled=n)
-        elif count:
-            self.count(inserted=n)
+        try:
+            yield
+        except BaseException:
+            if count:
+                self._add(side, -n)
+            raise
 
     def count(self, inserted: int = 0, sampled: int = 0) -> None:
         """Count transitions inserted and sampled without waiting (what a call let through by a wait did)."""
@@ -164,7 +163,19 @@ class RateLimiter:
             self.sampled += sampled
             self._cond.notify_all()
 
-    def _wait(self, allowed: Any, what: str, n: int, timeout: float | None, poll: Callable[[], None] | None) -> None:
+    def _add(self, side: str, n: int) -> None:
+        """Count ``n`` (negative: take back) on ``side``; holds the lock or takes it."""
+        with self._cond:
+            if side == "sample":
+                self.sampled += n
+            else:
+                self.inserted += n
+            self._cond.notify_all()
+
+    def _wait(
+        self, allowed: Any, what: str, n: int, timeout: float | None, poll: Callable[[], None] | None, count: bool
+    ) -> None:
+        """Wait until ``allowed()``, and count the call (``count``) under the same hold of the lock."""
         timeout = self.timeout if timeout is DEFAULT else _check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -172,6 +183,8 @@ class RateLimiter:
                 poll()  # outside the lock: the poll takes its owner's lock, which counts under ours
             with self._cond:
                 if allowed():
+                    if count:
+                        self._add(what, n)
                     return
                 if self._closed:
                     raise RateLimited(f"the rate limiter was closed while a {what} of {n} waited")

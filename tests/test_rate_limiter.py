@@ -101,6 +101,40 @@ def _raises(fn: object) -> str:
     return "went"
 
 
+def test_a_call_is_counted_as_it_is_let_go_and_taken_back_when_its_body_raises() -> None:
+    """Two inserts let go on one credit would pass the band together: the first counts before its body runs."""
+    limiter = RateLimiter(samples_per_insert=1.0, error=8, min_size=1, timeout=0.2)
+    limiter.insert(4)  # diff 4: one more insert of 4 may go (4 + 4 <= 8), not two
+    inside, leave = threading.Event(), threading.Event()
+
+    def slow_add() -> None:  # a buffer's add still writing its rows
+        with limiter.admitted("insert", 4):
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=slow_add, daemon=True)
+    t.start()
+    assert inside.wait(10)
+    assert limiter.inserted == 8
+    with pytest.raises(RateLimited, match="insert of 4"):
+        limiter.insert(4)  # 8 + 4 > 8: the add in its body is counted
+    leave.set()
+    t.join(10)
+    assert not t.is_alive() and (limiter.inserted, limiter.sampled) == (8, 0)
+
+    waiting: list[str] = []
+    waiter = threading.Thread(target=lambda: waiting.append(str(limiter.insert(4, timeout=10))), daemon=True)
+    limiter.sample(4)  # diff 4 -> an insert of 4 may go again
+    with pytest.raises(ValueError, match="refused"):
+        with limiter.admitted("insert", 4):  # let go and counted (diff 8) ...
+            waiter.start()  # ... so this insert waits
+            time.sleep(0.05)
+            assert waiting == []
+            raise ValueError("refused")  # ... then by the buffer: taken back, and the waiter is let go
+    waiter.join(10)
+    assert waiting == ["None"] and (limiter.inserted, limiter.sampled) == (12, 4)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "words"),
     [
