@@ -37,7 +37,14 @@ def test_bursty_writer_processes_and_the_learner_keep_the_samples_per_insert_rat
     try:
         task = ray.remote(num_cpus=0)(bursty_writer)
         refs = [task.remote(replay.writer(), seed, 5.0) for seed in range(2)]
-        first, sampled = None, 0  # the learner's 5 s start with its first batch: Ray tasks may start seconds late
+        # Ray starts a task's process first: on a busy machine, later than the limiter's 10 s timeout
+        # (the learner's first sample then gave up before any writer came). The learner's 5 s start with
+        # its first batch, once a writer has filled min_size.
+        deadline = time.monotonic() + 120
+        while replay.rate_limiter["inserted"] < limiter.min_size:  # type: ignore[index]
+            assert time.monotonic() < deadline, "the writer tasks never started"
+            time.sleep(0.05)
+        first, sampled = None, 0
         while first is None or time.monotonic() - first < 5.0:
             try:
                 batch = replay.sample(BATCH)  # as fast as the limiter lets it
