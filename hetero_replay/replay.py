@@ -23,6 +23,7 @@ flight finish first), so a child process gets a consistent, usable buffer.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -400,8 +401,9 @@ class PrioritizedReplay:
         data: dict[str, Any] = {}
         redo: np.ndarray | None = None  # positions of the batch still to draw
         give_up = time.monotonic() + _REDRAW_PATIENCE_S
-        attempt = -1
-        while (attempt := attempt + 1) < _MAX_REDRAWS or time.monotonic() < give_up:
+        for attempt in itertools.count():  # (after the loop: the draws made)
+            if attempt >= _MAX_REDRAWS and time.monotonic() > give_up:
+                break
             if self.tree.total() == 0:
                 # Every stored row is being rewritten this instant (a ring of a few rows): wait for a commit.
                 time.sleep(1e-4 * 2 ** min(attempt, 9))  # at most ~50 ms
