@@ -159,9 +159,8 @@ class RateLimiter:
         """Count transitions inserted and sampled without waiting (what a call let through by a wait did)."""
         inserted, sampled = check_int(inserted, "inserted", 0), check_int(sampled, "sampled", 0)
         with self._cond:
-            self.inserted += inserted
-            self.sampled += sampled
-            self._cond.notify_all()
+            self._add("insert", inserted)
+            self._add("sample", sampled)
 
     def _add(self, side: str, n: int) -> None:
         """Count ``n`` (negative: take back) on ``side``; holds the lock or takes it."""
